@@ -1,0 +1,267 @@
+//! The public gRPC service `ankusa.fleet.v1.Fleet` and the `Admin` service: convert and
+//! validate the request ([`validate`]), call the [`Node`], convert the answer back.
+//!
+//! The only place that maps errors to gRPC status codes is [`status_of`].
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use tonic::{Request, Response, Status};
+
+pub mod validate;
+
+use crate::node::{Decided, DecidedBy, Node, NodeError};
+use crate::pb;
+use crate::pb::internal::admin_client::AdminClient;
+use crate::pb::internal::admin_server::Admin;
+use crate::pb::internal::{AddMemberRequest, AdminResponse, RemoveMemberRequest};
+use crate::raft::MemberNode;
+use crate::state::{HitAnswer, SettleAnswer};
+use validate::{InvalidArgument, RequestDefaults};
+
+/// The one table from node errors to gRPC status codes.
+pub fn status_of(error: NodeError) -> Status {
+    match error {
+        NodeError::Unavailable { .. } | NodeError::NotLeader { .. } => {
+            Status::unavailable(error.to_string())
+        }
+        NodeError::Overloaded { .. } => Status::resource_exhausted(error.to_string()),
+        NodeError::Membership { .. } => Status::failed_precondition(error.to_string()),
+        NodeError::Local(_) | NodeError::Fatal { .. } => Status::internal(error.to_string()),
+    }
+}
+
+fn invalid(error: InvalidArgument) -> Status {
+    Status::invalid_argument(error.to_string())
+}
+
+fn decided_by(decided_by: &DecidedBy) -> (i32, String) {
+    match decided_by {
+        DecidedBy::Fleet => (pb::DecidedBy::Fleet as i32, String::new()),
+        DecidedBy::Local { reason } => (pb::DecidedBy::Local as i32, reason.clone()),
+    }
+}
+
+fn hit_response(decided: Decided<HitAnswer>) -> pb::HitResponse {
+    use pb::hit_response::Outcome;
+    let outcome = match decided.answer {
+        HitAnswer::Allowed => Outcome::Allowed(pb::Allowed {}),
+        HitAnswer::Duplicate { hook_id } => {
+            Outcome::Duplicate(pb::Duplicate { hook_id: hook_id.0 })
+        }
+        HitAnswer::Pending { retry_after_ms } => Outcome::Pending(pb::Pending { retry_after_ms }),
+        HitAnswer::RateLimited { retry_after_ms } => {
+            Outcome::RateLimited(pb::RateLimited { retry_after_ms })
+        }
+    };
+    let (decided_by, local_reason) = decided_by(&decided.decided_by);
+    pb::HitResponse {
+        outcome: Some(outcome),
+        decided_by,
+        local_reason,
+    }
+}
+
+fn settle_response(decided: Decided<SettleAnswer>) -> pb::SettleResponse {
+    let (status, holder_hook_id) = match decided.answer {
+        SettleAnswer::Settled => (pb::SettleStatus::Settled, String::new()),
+        SettleAnswer::Recreated => (pb::SettleStatus::Recreated, String::new()),
+        SettleAnswer::Conflict { holder } => (pb::SettleStatus::Conflict, holder.0),
+    };
+    pb::SettleResponse {
+        status: status as i32,
+        holder_hook_id,
+        decided_by: decided_by(&decided.decided_by).0,
+    }
+}
+
+/// Emits SPEC section 11's telemetry event and counts it.
+fn check_rate_telemetry(
+    request: &pb::CheckRateRequest,
+    outcome: &Result<Decided<HitAnswer>, Status>,
+    elapsed_us: u64,
+) {
+    let (event, decision) = match outcome {
+        Ok(Decided {
+            answer: HitAnswer::Allowed,
+            ..
+        }) => ("request_allowed", "allowed"),
+        Ok(_) => ("request_denied", "denied"),
+        Err(_) => ("rate_limiter_exception", "error"),
+    };
+    tracing::info!(
+        event,
+        entity_id = %request.entity_id,
+        operation = %request.operation,
+        decision,
+        limit = request.limit,
+        window_ms = request.window_ms,
+        elapsed_us,
+        "check_rate"
+    );
+    metrics::counter!("ankusa_check_rate_total", "event" => event).increment(1);
+}
+
+/// The edge-facing service.
+pub struct FleetService {
+    node: Arc<Node>,
+    defaults: RequestDefaults,
+}
+
+impl FleetService {
+    /// Serves `node` with these request defaults.
+    pub fn new(node: Arc<Node>, defaults: RequestDefaults) -> Self {
+        Self { node, defaults }
+    }
+}
+
+#[tonic::async_trait]
+impl pb::fleet_server::Fleet for FleetService {
+    async fn hit(
+        &self,
+        request: Request<pb::HitRequest>,
+    ) -> Result<Response<pb::HitResponse>, Status> {
+        let input = validate::hit(request.get_ref(), self.defaults).map_err(invalid)?;
+        let decided = self.node.hit(input).await.map_err(status_of)?;
+        tracing::debug!(answer = ?decided.answer, decided_by = ?decided.decided_by, "hit");
+        Ok(Response::new(hit_response(decided)))
+    }
+
+    async fn settle(
+        &self,
+        request: Request<pb::SettleRequest>,
+    ) -> Result<Response<pb::SettleResponse>, Status> {
+        let input = validate::settle(request.get_ref(), self.defaults).map_err(invalid)?;
+        let decided = self.node.settle(input).await.map_err(status_of)?;
+        Ok(Response::new(settle_response(decided)))
+    }
+
+    async fn reset(
+        &self,
+        request: Request<pb::ResetRequest>,
+    ) -> Result<Response<pb::ResetResponse>, Status> {
+        let input = validate::reset(request.get_ref(), self.defaults).map_err(invalid)?;
+        self.node.reset(input).await.map_err(status_of)?;
+        Ok(Response::new(pb::ResetResponse {}))
+    }
+
+    async fn check_rate(
+        &self,
+        request: Request<pb::CheckRateRequest>,
+    ) -> Result<Response<pb::CheckRateResponse>, Status> {
+        let started = Instant::now();
+        let outcome = match validate::check_rate(request.get_ref(), self.defaults) {
+            Ok(input) => self.node.check_rate(input).await.map_err(status_of),
+            Err(e) => Err(invalid(e)),
+        };
+        let elapsed_us = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
+        check_rate_telemetry(request.get_ref(), &outcome, elapsed_us);
+        let decided = outcome?;
+        let retry_after_ms = match decided.answer {
+            HitAnswer::RateLimited { retry_after_ms } => retry_after_ms,
+            _ => 0,
+        };
+        Ok(Response::new(pb::CheckRateResponse {
+            allowed: decided.answer == HitAnswer::Allowed,
+            retry_after_ms,
+            decided_by: decided_by(&decided.decided_by).0,
+        }))
+    }
+
+    async fn status(
+        &self,
+        _request: Request<pb::StatusRequest>,
+    ) -> Result<Response<pb::StatusResponse>, Status> {
+        let status = self.node.status();
+        Ok(Response::new(pb::StatusResponse {
+            node_id: status.node_id,
+            leader_id: status.leader_id.unwrap_or(0),
+            term: status.term,
+            last_applied: status.last_applied,
+            members: status
+                .members
+                .into_iter()
+                .map(|(id, node, voter)| pb::Member {
+                    id,
+                    api_addr: node.api_addr,
+                    raft_addr: node.raft_addr,
+                    voter,
+                })
+                .collect(),
+            degraded: status.leader_id.is_none(),
+        }))
+    }
+}
+
+/// Membership administration for the `cluster` CLI; a follower forwards to the leader.
+pub struct AdminService {
+    node: Arc<Node>,
+}
+
+impl AdminService {
+    /// Serves membership changes of `node`.
+    pub fn new(node: Arc<Node>) -> Self {
+        Self { node }
+    }
+}
+
+async fn leader_admin(
+    leader_api_addr: Option<String>,
+) -> Result<AdminClient<tonic::transport::Channel>, Status> {
+    let Some(addr) = leader_api_addr else {
+        return Err(Status::unavailable(
+            "no leader known; retry once the fleet has elected one",
+        ));
+    };
+    AdminClient::connect(format!("http://{addr}"))
+        .await
+        .map_err(|e| Status::unavailable(format!("leader at {addr}: {e}")))
+}
+
+#[tonic::async_trait]
+impl Admin for AdminService {
+    async fn add_member(
+        &self,
+        request: Request<AddMemberRequest>,
+    ) -> Result<Response<AdminResponse>, Status> {
+        let add = request.into_inner();
+        if add.id == 0 {
+            return Err(Status::invalid_argument("id: must be at least 1"));
+        }
+        for (field, addr) in [("api_addr", &add.api_addr), ("raft_addr", &add.raft_addr)] {
+            if addr.parse::<std::net::SocketAddr>().is_err() {
+                return Err(Status::invalid_argument(format!(
+                    "{field}: `{addr}` is not an ip:port address"
+                )));
+            }
+        }
+        let member = MemberNode {
+            api_addr: add.api_addr.clone(),
+            raft_addr: add.raft_addr.clone(),
+        };
+        match self.node.add_member(add.id, member, add.voter).await {
+            Ok(message) => Ok(Response::new(AdminResponse { message })),
+            Err(NodeError::NotLeader { leader_api_addr }) => {
+                leader_admin(leader_api_addr).await?.add_member(add).await
+            }
+            Err(e) => Err(status_of(e)),
+        }
+    }
+
+    async fn remove_member(
+        &self,
+        request: Request<RemoveMemberRequest>,
+    ) -> Result<Response<AdminResponse>, Status> {
+        let remove = request.into_inner();
+        match self.node.remove_member(remove.id).await {
+            Ok(message) => Ok(Response::new(AdminResponse { message })),
+            Err(NodeError::NotLeader { leader_api_addr }) => {
+                leader_admin(leader_api_addr)
+                    .await?
+                    .remove_member(remove)
+                    .await
+            }
+            Err(e) => Err(status_of(e)),
+        }
+    }
+}

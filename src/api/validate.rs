@@ -1,0 +1,262 @@
+//! The input rules of SPEC section 9: protobuf request → validated node input, or an
+//! [`InvalidArgument`] naming the first bad field. Nothing is written before this passes.
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use crate::config::TIMEOUT_MS_MAX;
+use crate::node::request::{CheckRateInput, HitInput, ResetInput, Scope, SettleInput};
+use crate::pb;
+use crate::state::{
+    BucketKey, Charge, ClaimKey, ClaimRequest, EntityId, HookId, Kind, SettleOutcome, SourceId,
+    TenantId,
+};
+
+/// Longest tenant, source_id, hook_id, entity_id and operation, in bytes.
+pub const ID_BYTES_MAX: usize = 256;
+/// Longest claim key, in bytes.
+pub const KEY_BYTES_MAX: usize = 1024;
+/// Most charges in one hit.
+pub const CHARGES_MAX: usize = 16;
+/// Longest increment or capacity: one year (365 days).
+pub const YEAR_US: u64 = 365 * 86_400 * 1_000_000;
+/// Longest claim ttl: 30 days.
+pub const TTL_MS_MAX: u64 = 30 * 86_400 * 1_000;
+/// Longest check_rate window: one year.
+pub const WINDOW_MS_MAX: u64 = 365 * 86_400 * 1_000;
+
+/// A request field broke an input rule.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{field}: {reason}")]
+pub struct InvalidArgument {
+    pub field: String,
+    pub reason: String,
+}
+
+fn invalid(field: impl Into<String>, reason: impl Into<String>) -> InvalidArgument {
+    InvalidArgument {
+        field: field.into(),
+        reason: reason.into(),
+    }
+}
+
+/// Defaults a request may fall back on.
+#[derive(Clone, Copy, Debug)]
+pub struct RequestDefaults {
+    pub timeout: Duration,
+    pub claim_ttl_ms: u64,
+}
+
+fn text(field: &str, value: &str, bytes_max: usize) -> Result<String, InvalidArgument> {
+    if value.is_empty() {
+        return Err(invalid(field, "must not be empty"));
+    }
+    if value.len() > bytes_max {
+        return Err(invalid(
+            field,
+            format!("is {} bytes, at most {bytes_max}", value.len()),
+        ));
+    }
+    Ok(value.to_owned())
+}
+
+fn timeout(
+    field: &str,
+    timeout_ms: u32,
+    defaults: RequestDefaults,
+) -> Result<Duration, InvalidArgument> {
+    match timeout_ms {
+        0 => Ok(defaults.timeout),
+        ms if ms <= TIMEOUT_MS_MAX => Ok(Duration::from_millis(u64::from(ms))),
+        _ => Err(invalid(
+            field,
+            format!("must be between 1 and {TIMEOUT_MS_MAX} (0: node default)"),
+        )),
+    }
+}
+
+fn scope(field: &str, value: i32) -> Result<Scope, InvalidArgument> {
+    match pb::Scope::try_from(value) {
+        Ok(pb::Scope::Fleet) => Ok(Scope::Fleet),
+        Ok(pb::Scope::Node) => Ok(Scope::Node),
+        Err(_) => Err(invalid(field, format!("unknown scope {value}"))),
+    }
+}
+
+fn ttl_ms(field: &str, value: u64) -> Result<u64, InvalidArgument> {
+    if value == 0 || value > TTL_MS_MAX {
+        return Err(invalid(
+            field,
+            format!("must be between 1 ms and {TTL_MS_MAX} ms (30 days)"),
+        ));
+    }
+    Ok(value)
+}
+
+fn charge(i: usize, charge: &pb::Charge) -> Result<Charge, InvalidArgument> {
+    let field = |name: &str| format!("charges[{i}].{name}");
+    let kind = match pb::Kind::try_from(charge.kind) {
+        Ok(pb::Kind::Hooks) => Kind::Hooks,
+        Ok(pb::Kind::Bytes) => Kind::Bytes,
+        _ => return Err(invalid(field("kind"), "must be KIND_HOOKS or KIND_BYTES")),
+    };
+    let tenant = TenantId(text(&field("tenant"), &charge.tenant, ID_BYTES_MAX)?);
+    if charge.increment_us == 0 || charge.increment_us > YEAR_US {
+        return Err(invalid(
+            field("increment_us"),
+            "must be between 1 and one year in microseconds",
+        ));
+    }
+    if charge.capacity_us < charge.increment_us || charge.capacity_us > YEAR_US {
+        return Err(invalid(
+            field("capacity_us"),
+            "must be at least increment_us and at most one year",
+        ));
+    }
+    Ok(Charge {
+        bucket: BucketKey::Tenant { kind, tenant },
+        increment_us: charge.increment_us,
+        capacity_us: charge.capacity_us,
+    })
+}
+
+fn claim(claim: &pb::Claim) -> Result<ClaimRequest, InvalidArgument> {
+    Ok(ClaimRequest {
+        key: ClaimKey {
+            tenant: TenantId(text("claim.tenant", &claim.tenant, ID_BYTES_MAX)?),
+            source_id: SourceId(text("claim.source_id", &claim.source_id, ID_BYTES_MAX)?),
+            key: text("claim.key", &claim.key, KEY_BYTES_MAX)?,
+        },
+        hook_id: HookId(text("claim.hook_id", &claim.hook_id, ID_BYTES_MAX)?),
+        ttl_ms: ttl_ms("claim.ttl_ms", claim.ttl_ms)?,
+        pending_ttl_ms: ttl_ms("claim.pending_ttl_ms", claim.pending_ttl_ms)?,
+    })
+}
+
+/// Validates a hit.
+///
+/// # Errors
+/// The first field that breaks SPEC section 9.
+pub fn hit(
+    request: &pb::HitRequest,
+    defaults: RequestDefaults,
+) -> Result<HitInput, InvalidArgument> {
+    if request.charges.len() > CHARGES_MAX {
+        return Err(invalid(
+            "charges",
+            format!("{} charges, at most {CHARGES_MAX}", request.charges.len()),
+        ));
+    }
+    let mut charges = Vec::with_capacity(request.charges.len());
+    let mut seen = HashSet::new();
+    for (i, pb_charge) in request.charges.iter().enumerate() {
+        let charge = charge(i, pb_charge)?;
+        if !seen.insert(charge.bucket.clone()) {
+            return Err(invalid(
+                format!("charges[{i}]"),
+                "a second charge for the same (kind, tenant)",
+            ));
+        }
+        charges.push(charge);
+    }
+    Ok(HitInput {
+        charges,
+        claim: request.claim.as_ref().map(claim).transpose()?,
+        timeout: timeout("timeout_ms", request.timeout_ms, defaults)?,
+        rate_limit_scope: scope("rate_limit_scope", request.rate_limit_scope)?,
+        dedupe_scope: scope("dedupe_scope", request.dedupe_scope)?,
+    })
+}
+
+/// Validates a settle, resolving `ttl_ms = 0` to the node default.
+///
+/// # Errors
+/// The first field that breaks SPEC section 9.
+pub fn settle(
+    request: &pb::SettleRequest,
+    defaults: RequestDefaults,
+) -> Result<SettleInput, InvalidArgument> {
+    let key = ClaimKey {
+        tenant: TenantId(text("tenant", &request.tenant, ID_BYTES_MAX)?),
+        source_id: SourceId(text("source_id", &request.source_id, ID_BYTES_MAX)?),
+        key: text("key", &request.key, KEY_BYTES_MAX)?,
+    };
+    let hook_id = HookId(text("hook_id", &request.hook_id, ID_BYTES_MAX)?);
+    let outcome = match pb::SettleOutcome::try_from(request.outcome) {
+        Ok(pb::SettleOutcome::Commit) => SettleOutcome::Commit,
+        Ok(pb::SettleOutcome::Release) => SettleOutcome::Release,
+        _ => {
+            return Err(invalid(
+                "outcome",
+                "must be SETTLE_OUTCOME_COMMIT or SETTLE_OUTCOME_RELEASE",
+            ))
+        }
+    };
+    let ttl_ms = match request.ttl_ms {
+        0 => defaults.claim_ttl_ms,
+        ms => ttl_ms("ttl_ms", ms)?,
+    };
+    Ok(SettleInput {
+        key,
+        hook_id,
+        outcome,
+        ttl_ms,
+        timeout: timeout("timeout_ms", request.timeout_ms, defaults)?,
+        scope: scope("dedupe_scope", request.dedupe_scope)?,
+    })
+}
+
+/// Validates a reset.
+///
+/// # Errors
+/// The first field that breaks SPEC section 9.
+pub fn reset(
+    request: &pb::ResetRequest,
+    defaults: RequestDefaults,
+) -> Result<ResetInput, InvalidArgument> {
+    Ok(ResetInput {
+        tenant: TenantId(text("tenant", &request.tenant, ID_BYTES_MAX)?),
+        timeout: timeout("timeout_ms", request.timeout_ms, defaults)?,
+    })
+}
+
+/// Validates a check_rate and turns it into GCRA terms (SPEC section 11):
+/// `increment_us = ceil(window_ms * 1000 / limit)`, `capacity_us = window_ms * 1000`.
+///
+/// # Errors
+/// The first field that breaks SPEC section 9 or 11.
+pub fn check_rate(
+    request: &pb::CheckRateRequest,
+    defaults: RequestDefaults,
+) -> Result<CheckRateInput, InvalidArgument> {
+    let entity_id = EntityId(text("entity_id", &request.entity_id, ID_BYTES_MAX)?);
+    let operation = text("operation", &request.operation, ID_BYTES_MAX)?;
+    if request.window_ms == 0 || request.window_ms > WINDOW_MS_MAX {
+        return Err(invalid(
+            "window_ms",
+            format!("must be between 1 and {WINDOW_MS_MAX} (one year)"),
+        ));
+    }
+    let capacity_us = request.window_ms * 1_000;
+    if request.limit == 0 {
+        return Err(invalid("limit", "must be at least 1"));
+    }
+    if request.limit > capacity_us {
+        return Err(invalid(
+            "limit",
+            "more than one request per microsecond of window_ms",
+        ));
+    }
+    Ok(CheckRateInput {
+        charge: Charge {
+            bucket: BucketKey::Entity {
+                entity_id,
+                operation,
+            },
+            increment_us: capacity_us.div_ceil(request.limit),
+            capacity_us,
+        },
+        timeout: timeout("timeout_ms", request.timeout_ms, defaults)?,
+        scope: scope("scope", request.scope)?,
+    })
+}

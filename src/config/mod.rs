@@ -1,0 +1,328 @@
+//! Node configuration: the TOML file format (SPEC section 15) → validation → [`NodeConfig`].
+//!
+//! Every limit the node enforces is named here with its unit and checked at start-up, so a
+//! bad file fails before the node serves anything. This module never opens sockets or files
+//! other than the config file itself.
+
+use std::collections::BTreeSet;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use crate::state::NodeId;
+
+/// One initial voter as listed in the file.
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct MemberConfig {
+    pub id: NodeId,
+    pub api_addr: String,
+    pub raft_addr: String,
+}
+
+/// The file as written by an operator; optional keys fall back to [`Defaults`].
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ConfigFile {
+    pub node_id: NodeId,
+    pub api_addr: String,
+    pub raft_addr: String,
+    pub data_dir: PathBuf,
+    #[serde(default)]
+    pub members: Vec<MemberConfig>,
+    /// Raft traffic carrying another cluster id is refused.
+    pub cluster_id: Option<String>,
+    pub timeout_ms_default: Option<u32>,
+    pub claim_ttl_ms_default: Option<u64>,
+    pub voters_max: Option<usize>,
+    pub heartbeat_ms: Option<u64>,
+    pub election_timeout_ms_min: Option<u64>,
+    pub election_timeout_ms_max: Option<u64>,
+    pub batch_commands_max: Option<usize>,
+    pub queue_depth_max: Option<usize>,
+    pub proposals_in_flight_max: Option<usize>,
+    pub snapshot_logs_since_last: Option<u64>,
+    pub metrics_addr: Option<String>,
+}
+
+/// Defaults for every optional key.
+pub struct Defaults;
+
+impl Defaults {
+    pub const CLUSTER_ID: &'static str = "ankusa-fleet";
+    pub const TIMEOUT_MS: u32 = 1_000;
+    /// One day: providers retry for hours, rarely for days.
+    pub const CLAIM_TTL_MS: u64 = 86_400_000;
+    pub const VOTERS_MAX: usize = 5;
+    pub const HEARTBEAT_MS: u64 = 50;
+    pub const ELECTION_TIMEOUT_MS_MIN: u64 = 300;
+    pub const ELECTION_TIMEOUT_MS_MAX: u64 = 600;
+    pub const BATCH_COMMANDS_MAX: usize = 512;
+    pub const QUEUE_DEPTH_MAX: usize = 16_384;
+    pub const PROPOSALS_IN_FLIGHT_MAX: usize = 4;
+    pub const SNAPSHOT_LOGS_SINCE_LAST: u64 = 5_000;
+}
+
+/// The longest call deadline the API accepts (SPEC section 9).
+pub const TIMEOUT_MS_MAX: u32 = 60_000;
+
+/// A config that failed validation; the message names the key.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("reading {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("parsing {path}: {source}")]
+    Parse {
+        path: PathBuf,
+        source: Box<toml::de::Error>,
+    },
+    #[error("config key `{field}`: {reason}")]
+    Invalid { field: String, reason: String },
+}
+
+fn invalid(field: impl Into<String>, reason: impl Into<String>) -> ConfigError {
+    ConfigError::Invalid {
+        field: field.into(),
+        reason: reason.into(),
+    }
+}
+
+/// A validated node configuration.
+#[derive(Clone, Debug)]
+pub struct NodeConfig {
+    pub node_id: NodeId,
+    pub api_addr: SocketAddr,
+    pub raft_addr: SocketAddr,
+    pub data_dir: PathBuf,
+    pub members: Vec<MemberConfig>,
+    pub cluster_id: String,
+    pub timeout_default: Duration,
+    pub claim_ttl_ms_default: u64,
+    pub voters_max: usize,
+    pub heartbeat_ms: u64,
+    pub election_timeout_ms_min: u64,
+    pub election_timeout_ms_max: u64,
+    pub batch_commands_max: usize,
+    pub queue_depth_max: usize,
+    pub proposals_in_flight_max: usize,
+    pub snapshot_logs_since_last: u64,
+    pub metrics_addr: Option<SocketAddr>,
+}
+
+impl NodeConfig {
+    /// Reads and validates a TOML file.
+    ///
+    /// # Errors
+    /// When the file cannot be read, is not TOML of the expected shape, or a value is out of
+    /// range (the error names the key).
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        Self::from_toml(&text).map_err(|e| match e {
+            ConfigError::Parse { source, .. } => ConfigError::Parse {
+                path: path.to_owned(),
+                source,
+            },
+            other => other,
+        })
+    }
+
+    /// Parses and validates TOML text.
+    ///
+    /// # Errors
+    /// As [`NodeConfig::load`].
+    pub fn from_toml(text: &str) -> Result<Self, ConfigError> {
+        let file: ConfigFile = toml::from_str(text).map_err(|source| ConfigError::Parse {
+            path: PathBuf::from("<text>"),
+            source: Box::new(source),
+        })?;
+        Self::validate(file)
+    }
+
+    /// Checks every key and fills the defaults.
+    ///
+    /// # Errors
+    /// The first invalid key, by name.
+    pub fn validate(file: ConfigFile) -> Result<Self, ConfigError> {
+        if file.node_id == 0 {
+            return Err(invalid(
+                "node_id",
+                "must be at least 1 (0 means no leader on the wire)",
+            ));
+        }
+        let api_addr = parse_addr("api_addr", &file.api_addr)?;
+        let raft_addr = parse_addr("raft_addr", &file.raft_addr)?;
+        validate_members(&file)?;
+        let election_timeout_ms_min = file
+            .election_timeout_ms_min
+            .unwrap_or(Defaults::ELECTION_TIMEOUT_MS_MIN);
+        let election_timeout_ms_max = file
+            .election_timeout_ms_max
+            .unwrap_or(Defaults::ELECTION_TIMEOUT_MS_MAX);
+        let heartbeat_ms = file.heartbeat_ms.unwrap_or(Defaults::HEARTBEAT_MS);
+        if heartbeat_ms == 0 || heartbeat_ms >= election_timeout_ms_min {
+            return Err(invalid(
+                "heartbeat_ms",
+                "must be at least 1 and below election_timeout_ms_min",
+            ));
+        }
+        if election_timeout_ms_max <= election_timeout_ms_min {
+            return Err(invalid(
+                "election_timeout_ms_max",
+                "must be above election_timeout_ms_min",
+            ));
+        }
+        let timeout_ms = file.timeout_ms_default.unwrap_or(Defaults::TIMEOUT_MS);
+        if timeout_ms == 0 || timeout_ms > TIMEOUT_MS_MAX {
+            return Err(invalid("timeout_ms_default", "must be between 1 and 60000"));
+        }
+        let claim_ttl_ms_default = file.claim_ttl_ms_default.unwrap_or(Defaults::CLAIM_TTL_MS);
+        if claim_ttl_ms_default == 0 || claim_ttl_ms_default > crate::api::validate::TTL_MS_MAX {
+            return Err(invalid(
+                "claim_ttl_ms_default",
+                "must be between 1 ms and 30 days",
+            ));
+        }
+        let voters_max = file.voters_max.unwrap_or(Defaults::VOTERS_MAX);
+        if voters_max == 0 {
+            return Err(invalid("voters_max", "must be at least 1"));
+        }
+        Ok(NodeConfig {
+            node_id: file.node_id,
+            api_addr,
+            raft_addr,
+            data_dir: file.data_dir,
+            members: file.members,
+            cluster_id: file
+                .cluster_id
+                .unwrap_or_else(|| Defaults::CLUSTER_ID.to_owned()),
+            timeout_default: Duration::from_millis(u64::from(timeout_ms)),
+            claim_ttl_ms_default,
+            voters_max,
+            heartbeat_ms,
+            election_timeout_ms_min,
+            election_timeout_ms_max,
+            batch_commands_max: positive(
+                "batch_commands_max",
+                file.batch_commands_max,
+                Defaults::BATCH_COMMANDS_MAX,
+            )?,
+            queue_depth_max: positive(
+                "queue_depth_max",
+                file.queue_depth_max,
+                Defaults::QUEUE_DEPTH_MAX,
+            )?,
+            proposals_in_flight_max: positive(
+                "proposals_in_flight_max",
+                file.proposals_in_flight_max,
+                Defaults::PROPOSALS_IN_FLIGHT_MAX,
+            )?,
+            snapshot_logs_since_last: file
+                .snapshot_logs_since_last
+                .unwrap_or(Defaults::SNAPSHOT_LOGS_SINCE_LAST)
+                .max(1),
+            metrics_addr: file
+                .metrics_addr
+                .as_deref()
+                .map(|a| parse_addr("metrics_addr", a))
+                .transpose()?,
+        })
+    }
+
+    /// True when this node is one of the configured initial voters (it may then form the
+    /// cluster on first start).
+    pub fn is_initial_member(&self) -> bool {
+        self.members.iter().any(|m| m.id == self.node_id)
+    }
+}
+
+fn positive(field: &str, value: Option<usize>, default: usize) -> Result<usize, ConfigError> {
+    match value {
+        Some(0) => Err(invalid(field, "must be at least 1")),
+        Some(v) => Ok(v),
+        None => Ok(default),
+    }
+}
+
+fn parse_addr(field: &str, text: &str) -> Result<SocketAddr, ConfigError> {
+    text.parse()
+        .map_err(|_| invalid(field, format!("`{text}` is not an ip:port address")))
+}
+
+fn validate_members(file: &ConfigFile) -> Result<(), ConfigError> {
+    let mut ids = BTreeSet::new();
+    for (i, member) in file.members.iter().enumerate() {
+        if member.id == 0 {
+            return Err(invalid(format!("members[{i}].id"), "must be at least 1"));
+        }
+        if !ids.insert(member.id) {
+            return Err(invalid(
+                format!("members[{i}].id"),
+                format!("id {} is listed twice", member.id),
+            ));
+        }
+        parse_addr(&format!("members[{i}].api_addr"), &member.api_addr)?;
+        parse_addr(&format!("members[{i}].raft_addr"), &member.raft_addr)?;
+        if member.id == file.node_id
+            && (member.api_addr != file.api_addr || member.raft_addr != file.raft_addr)
+        {
+            return Err(invalid(
+                format!("members[{i}]"),
+                "this node's entry must repeat its own api_addr and raft_addr",
+            ));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MINIMAL: &str = r#"
+node_id = 1
+api_addr = "127.0.0.1:7101"
+raft_addr = "127.0.0.1:7201"
+data_dir = "data/node1"
+
+[[members]]
+id = 1
+api_addr = "127.0.0.1:7101"
+raft_addr = "127.0.0.1:7201"
+"#;
+
+    #[test]
+    fn the_minimal_file_gets_defaults() {
+        let config = NodeConfig::from_toml(MINIMAL).expect("valid");
+        assert_eq!(config.node_id, 1);
+        assert_eq!(config.voters_max, Defaults::VOTERS_MAX);
+        assert_eq!(config.timeout_default, Duration::from_millis(1_000));
+        assert!(config.is_initial_member());
+    }
+
+    #[test]
+    fn errors_name_the_key() {
+        let bad = MINIMAL.replace(
+            "raft_addr = \"127.0.0.1:7201\"\ndata_dir",
+            "raft_addr = \"nowhere\"\ndata_dir",
+        );
+        let err = NodeConfig::from_toml(&bad)
+            .expect_err("invalid")
+            .to_string();
+        assert!(err.contains("`raft_addr`"), "{err}");
+        let twice = format!("{MINIMAL}\n[[members]]\nid = 1\napi_addr = \"127.0.0.1:1\"\nraft_addr = \"127.0.0.1:2\"\n");
+        let err = NodeConfig::from_toml(&twice)
+            .expect_err("invalid")
+            .to_string();
+        assert!(err.contains("members[1].id"), "{err}");
+        let unknown = format!("{MINIMAL}\nsurprise = 1\n");
+        assert!(NodeConfig::from_toml(&unknown).is_err());
+    }
+}

@@ -1,0 +1,44 @@
+//! ankusa-fleet: replicated GCRA rate limiting and two-phase webhook dedupe for an edge
+//! fleet, with no external store.
+//!
+//! # How a hit flows
+//!
+//! 1. The edge calls `Fleet.Hit` on its local node. [`api::FleetService`] validates the
+//!    request ([`api::validate::hit`], SPEC section 9) into a [`node::request::HitInput`].
+//! 2. [`node::Node::hit`] routes by scope: node-scoped parts go to the
+//!    [`fallback::LocalEngine`]; fleet-scoped parts become a [`state::Command`] queued on
+//!    the [`node::propose::Proposer`].
+//! 3. The batcher drains the queue into one batch; [`node::propose::Router`] commits it:
+//!    on the leader as one `Raft::client_write` of a [`state::FleetRequest`] stamped with the
+//!    leader's clock; on a follower as one `Peer.Propose` RPC
+//!    ([`raft::network::PeerClients::propose`]) that the leader's
+//!    [`raft::service::PeerService`] feeds into its own queue.
+//! 4. openraft appends the entry to [`raft::log_store::LogStore`] (fsynced) on a majority,
+//!    then [`state::store::StateMachineStore`] applies it on every node with
+//!    [`state::rules::apply_batch`]: pure rules, the entry's time, no IO.
+//! 5. The answers travel back the same way, one per caller, marked `DECIDED_BY_FLEET`.
+//!
+//! Snapshots ([`snapshot`]) are built off the hot path from a point-in-time image and kept
+//! in sled; a restarting node loads its snapshot and replays the log after it.
+
+pub mod api;
+pub mod cli;
+pub mod codec;
+pub mod config;
+pub mod fallback;
+pub mod node;
+pub mod raft;
+pub mod server;
+pub mod snapshot;
+pub mod state;
+
+/// Generated protobuf and gRPC code.
+#[allow(clippy::all, missing_docs)]
+pub mod pb {
+    tonic::include_proto!("ankusa.fleet.v1");
+
+    /// Node-to-node and administration services.
+    pub mod internal {
+        tonic::include_proto!("ankusa.fleet.internal.v1");
+    }
+}

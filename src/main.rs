@@ -1,0 +1,129 @@
+//! `ankusa-fleet`: parse args → load config → init telemetry → run.
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+
+use ankusa_fleet::config::NodeConfig;
+use ankusa_fleet::pb::internal::AddMemberRequest;
+use ankusa_fleet::{cli, server};
+
+#[derive(Parser)]
+#[command(
+    version,
+    about = "Replicated rate limiting and webhook dedupe for an edge fleet"
+)]
+struct Args {
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Run one node.
+    Serve {
+        #[arg(long)]
+        config: PathBuf,
+    },
+    /// Run a local 3-node fleet on loopback (child processes) until Ctrl-C.
+    Dev {
+        /// Where the nodes keep their data, configs and logs.
+        #[arg(long, default_value = "data/dev")]
+        data_dir: PathBuf,
+    },
+    /// Inspect or change membership through any node.
+    Cluster {
+        #[command(subcommand)]
+        command: ClusterCmd,
+    },
+}
+
+#[derive(Subcommand)]
+enum ClusterCmd {
+    /// Show a node's view of the fleet.
+    Status {
+        #[arg(long)]
+        addr: String,
+    },
+    /// Add a node: it catches up as a learner, then becomes a voter unless --learner.
+    Add {
+        #[arg(long)]
+        addr: String,
+        #[arg(long)]
+        id: u64,
+        #[arg(long)]
+        api_addr: String,
+        #[arg(long)]
+        raft_addr: String,
+        #[arg(long)]
+        learner: bool,
+    },
+    /// Remove a node from the fleet.
+    Remove {
+        #[arg(long)]
+        addr: String,
+        #[arg(long)]
+        id: u64,
+    },
+}
+
+fn init_telemetry() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,openraft=warn"));
+    tracing_subscriber::fmt().with_env_filter(filter).init();
+}
+
+async fn serve(path: PathBuf) -> anyhow::Result<()> {
+    let config = NodeConfig::load(&path)?;
+    if let Some(addr) = config.metrics_addr {
+        metrics_exporter_prometheus::PrometheusBuilder::new()
+            .with_http_listener(addr)
+            .install()
+            .context("starting the metrics exporter")?;
+    }
+    let listeners = server::Listeners::bind(&config).await?;
+    let running = server::start(config, listeners).await?;
+    tokio::signal::ctrl_c().await?;
+    tracing::info!("shutting down");
+    running.shutdown().await;
+    Ok(())
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    match args.command {
+        Cmd::Serve { config } => {
+            init_telemetry();
+            serve(config).await
+        }
+        Cmd::Dev { data_dir } => cli::dev(&data_dir).await,
+        Cmd::Cluster { command } => match command {
+            ClusterCmd::Status { addr } => {
+                cli::print_status(&cli::status(&addr).await?);
+                Ok(())
+            }
+            ClusterCmd::Add {
+                addr,
+                id,
+                api_addr,
+                raft_addr,
+                learner,
+            } => {
+                let request = AddMemberRequest {
+                    id,
+                    api_addr,
+                    raft_addr,
+                    voter: !learner,
+                };
+                println!("{}", cli::add(&addr, request).await?);
+                Ok(())
+            }
+            ClusterCmd::Remove { addr, id } => {
+                println!("{}", cli::remove(&addr, id).await?);
+                Ok(())
+            }
+        },
+    }
+}

@@ -1,0 +1,423 @@
+//! The local node: takes a validated request from the API, routes it to the fleet (the
+//! proposal queue in [`propose`]) or to the node-local engine by scope (SPEC section 8),
+//! bounds it by its deadline, and says who decided the answer.
+//!
+//! It never names tonic or sled: the transport lives in `raft::network`/`api`, storage in
+//! `raft::log_store`/`state::store`/`fallback`.
+
+use std::collections::BTreeSet;
+
+use openraft::error::{ClientWriteError, RaftError};
+use openraft::ChangeMembers;
+use tokio::time::Instant;
+
+pub mod propose;
+pub mod request;
+
+use crate::fallback::{LocalEngine, LocalError};
+use crate::raft::{MemberNode, NodeId, ProposeRefusal, Raft};
+use crate::state::store::{self, StateMachineStore};
+use crate::state::{Answer, Command, HitAnswer, SettleAnswer};
+use propose::Proposer;
+use request::{CheckRateInput, HitInput, ResetInput, Scope, SettleInput};
+
+/// Who decided an answer (SPEC section 5, last paragraph).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum DecidedBy {
+    /// Committed through the Raft log.
+    Fleet,
+    /// Decided by this node alone, for the given reason (e.g. "node scope").
+    Local { reason: String },
+}
+
+/// An answer with who decided it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Decided<T> {
+    pub answer: T,
+    pub decided_by: DecidedBy,
+}
+
+impl<T> Decided<T> {
+    fn fleet(answer: T) -> Self {
+        Self {
+            answer,
+            decided_by: DecidedBy::Fleet,
+        }
+    }
+
+    fn node_scope(answer: T) -> Self {
+        Self {
+            answer,
+            decided_by: DecidedBy::Local {
+                reason: "node scope".to_owned(),
+            },
+        }
+    }
+}
+
+/// A call the node could not answer.
+#[derive(Debug, thiserror::Error)]
+pub enum NodeError {
+    #[error("the fleet did not answer in time: {reason}")]
+    Unavailable { reason: String },
+    #[error("overloaded, retry after {retry_after_ms} ms")]
+    Overloaded { retry_after_ms: u64 },
+    #[error("this node is not the leader (leader api: {leader_api_addr:?})")]
+    NotLeader { leader_api_addr: Option<String> },
+    #[error("membership change refused: {reason}")]
+    Membership { reason: String },
+    #[error("local store: {0}")]
+    Local(#[from] LocalError),
+    #[error("fatal: {reason}")]
+    Fatal { reason: String },
+}
+
+impl From<ProposeRefusal> for NodeError {
+    fn from(refusal: ProposeRefusal) -> Self {
+        match refusal {
+            ProposeRefusal::NotLeader { .. } => NodeError::Unavailable {
+                reason: "no leader".to_owned(),
+            },
+            ProposeRefusal::Overloaded { retry_after_ms } => {
+                NodeError::Overloaded { retry_after_ms }
+            }
+            ProposeRefusal::Unavailable { reason } => NodeError::Unavailable { reason },
+            ProposeRefusal::Fatal { reason } => NodeError::Fatal { reason },
+        }
+    }
+}
+
+/// This node's view of the fleet (the `Status` call).
+#[derive(Clone, Debug)]
+pub struct NodeStatus {
+    pub node_id: NodeId,
+    pub leader_id: Option<NodeId>,
+    pub term: u64,
+    pub last_applied: u64,
+    pub members: Vec<(NodeId, MemberNode, bool)>,
+}
+
+/// One fleet node: Raft, the state machine replica, the proposal queue, the local engine.
+pub struct Node {
+    id: NodeId,
+    raft: Raft,
+    state: StateMachineStore,
+    proposer: Proposer,
+    local: LocalEngine,
+    voters_max: usize,
+}
+
+impl Node {
+    /// Assembles a node from its started parts.
+    pub fn new(
+        id: NodeId,
+        raft: Raft,
+        state: StateMachineStore,
+        proposer: Proposer,
+        local: LocalEngine,
+        voters_max: usize,
+    ) -> Self {
+        Self {
+            id,
+            raft,
+            state,
+            proposer,
+            local,
+            voters_max,
+        }
+    }
+
+    /// The node's Raft handle (for the peer service and shutdown).
+    pub fn raft(&self) -> &Raft {
+        &self.raft
+    }
+
+    /// The proposal queue (the peer service feeds forwarded batches into it).
+    pub fn proposer(&self) -> &Proposer {
+        &self.proposer
+    }
+
+    async fn propose(&self, command: Command, deadline: Instant) -> Result<Answer, NodeError> {
+        Ok(self.proposer.propose(command, deadline).await?)
+    }
+
+    async fn propose_hit(
+        &self,
+        command: Command,
+        deadline: Instant,
+    ) -> Result<HitAnswer, NodeError> {
+        match self.propose(command, deadline).await? {
+            Answer::Hit(answer) => Ok(answer),
+            other => Err(mismatched(&other)),
+        }
+    }
+
+    /// SPEC section 5, routed by the two scopes.
+    ///
+    /// # Errors
+    /// When the fleet could not answer in time, or the local claim index failed.
+    pub async fn hit(&self, input: HitInput) -> Result<Decided<HitAnswer>, NodeError> {
+        let deadline = Instant::now() + input.timeout;
+        let charges_on_fleet = input.rate_limit_scope == Scope::Fleet;
+        let claim_on_fleet = input.dedupe_scope == Scope::Fleet;
+        let has_charges = !input.charges.is_empty();
+        let has_claim = input.claim.is_some();
+        // A part that is absent does not constrain the route; an empty hit follows its scopes.
+        let all_fleet = if has_charges || has_claim {
+            (!has_charges || charges_on_fleet) && (!has_claim || claim_on_fleet)
+        } else {
+            charges_on_fleet || claim_on_fleet
+        };
+        let all_node =
+            !all_fleet && (!has_charges || !charges_on_fleet) && (!has_claim || !claim_on_fleet);
+        if all_node {
+            return Ok(Decided::node_scope(
+                self.local.hit(&input.charges, input.claim.as_ref())?,
+            ));
+        }
+        if all_fleet {
+            let command = Command::Hit {
+                charges: input.charges,
+                claim: input.claim,
+                node: self.id,
+            };
+            return Ok(Decided::fleet(self.propose_hit(command, deadline).await?));
+        }
+        if charges_on_fleet {
+            self.hit_fleet_charges_node_claim(input, deadline).await
+        } else {
+            self.hit_node_charges_fleet_claim(input, deadline).await
+        }
+    }
+
+    /// Fleet charges, node claim: charges are checked first (SPEC order), the claim is taken
+    /// on this node only after the fleet spent the charges.
+    async fn hit_fleet_charges_node_claim(
+        &self,
+        input: HitInput,
+        deadline: Instant,
+    ) -> Result<Decided<HitAnswer>, NodeError> {
+        let Some(claim) = input.claim.as_ref() else {
+            return Err(NodeError::Fatal {
+                reason: "mixed-scope hit without a claim".to_owned(),
+            });
+        };
+        if let Some(blocked) = self.local.peek_claim(claim) {
+            let probe = Command::ProbeCharges {
+                charges: input.charges,
+            };
+            return Ok(Decided::fleet(
+                match self.propose_hit(probe, deadline).await? {
+                    HitAnswer::Allowed => blocked,
+                    denied => denied,
+                },
+            ));
+        }
+        let spend = Command::Hit {
+            charges: input.charges,
+            claim: None,
+            node: self.id,
+        };
+        match self.propose_hit(spend, deadline).await? {
+            HitAnswer::Allowed => Ok(Decided::fleet(self.local.hit(&[], Some(claim))?)),
+            denied => Ok(Decided::fleet(denied)),
+        }
+    }
+
+    /// Node charges, fleet claim: node buckets are probed first, spent once the fleet
+    /// took the claim.
+    async fn hit_node_charges_fleet_claim(
+        &self,
+        input: HitInput,
+        deadline: Instant,
+    ) -> Result<Decided<HitAnswer>, NodeError> {
+        if let denied @ HitAnswer::RateLimited { .. } = self.local.probe(&input.charges) {
+            return Ok(Decided::node_scope(denied));
+        }
+        let take = Command::Hit {
+            charges: Vec::new(),
+            claim: input.claim,
+            node: self.id,
+        };
+        let answer = self.propose_hit(take, deadline).await?;
+        if answer == HitAnswer::Allowed {
+            // A concurrent caller may have spent the node budget meanwhile; the claim is
+            // already taken, so the hit stands (node budgets are advisory per node).
+            let _ = self.local.hit(&input.charges, None)?;
+        }
+        Ok(Decided::fleet(answer))
+    }
+
+    /// SPEC section 6.
+    ///
+    /// # Errors
+    /// When the fleet could not take it in time, or the local claim index failed.
+    pub async fn settle(&self, input: SettleInput) -> Result<Decided<SettleAnswer>, NodeError> {
+        let deadline = Instant::now() + input.timeout;
+        let command = Command::Settle {
+            key: input.key.clone(),
+            hook_id: input.hook_id,
+            outcome: input.outcome,
+            ttl_ms: input.ttl_ms,
+            node: self.id,
+        };
+        let (answer, decided) = match input.scope {
+            Scope::Node => (self.local.apply(&command, Some(&input.key))?, false),
+            Scope::Fleet => (self.propose(command, deadline).await?, true),
+        };
+        let Answer::Settle(answer) = answer else {
+            return Err(mismatched(&answer));
+        };
+        Ok(if decided {
+            Decided::fleet(answer)
+        } else {
+            Decided::node_scope(answer)
+        })
+    }
+
+    /// SPEC section 10: node-local buckets are cleared whatever the fleet does.
+    ///
+    /// # Errors
+    /// When the fleet could not take it in time.
+    pub async fn reset(&self, input: ResetInput) -> Result<(), NodeError> {
+        let deadline = Instant::now() + input.timeout;
+        let command = Command::Reset {
+            tenant: input.tenant,
+        };
+        self.local.apply(&command, None)?;
+        self.propose(command, deadline).await?;
+        Ok(())
+    }
+
+    /// SPEC section 11: one entity charge, allowed or denied.
+    ///
+    /// # Errors
+    /// When the fleet could not answer in time.
+    pub async fn check_rate(&self, input: CheckRateInput) -> Result<Decided<HitAnswer>, NodeError> {
+        let deadline = Instant::now() + input.timeout;
+        let charges = vec![input.charge];
+        match input.scope {
+            Scope::Node => Ok(Decided::node_scope(self.local.hit(&charges, None)?)),
+            Scope::Fleet => {
+                let command = Command::Hit {
+                    charges,
+                    claim: None,
+                    node: self.id,
+                };
+                Ok(Decided::fleet(self.propose_hit(command, deadline).await?))
+            }
+        }
+    }
+
+    /// This node's view: leader, term, applied index and members.
+    pub fn status(&self) -> NodeStatus {
+        let metrics = self.raft.metrics().borrow().clone();
+        NodeStatus {
+            node_id: self.id,
+            leader_id: metrics.current_leader,
+            term: metrics.current_term,
+            last_applied: metrics.last_applied.map_or(0, |log_id| log_id.index),
+            members: store::members(&metrics.membership_config),
+        }
+    }
+
+    /// The fleet state replica, for reads that need no consensus (tests, status).
+    pub fn replica(&self) -> &StateMachineStore {
+        &self.state
+    }
+
+    fn ensure_leader(&self) -> Result<(), NodeError> {
+        let status = self.status();
+        if status.leader_id == Some(self.id) {
+            return Ok(());
+        }
+        let leader_api_addr = status
+            .leader_id
+            .and_then(|leader| status.members.iter().find(|(id, _, _)| *id == leader))
+            .map(|(_, node, _)| node.api_addr.clone());
+        Err(NodeError::NotLeader { leader_api_addr })
+    }
+
+    /// Adds a member: it joins as a learner, catches up (by snapshot where the log was
+    /// purged), and is promoted to voter when asked and fewer than `voters_max` vote.
+    ///
+    /// # Errors
+    /// `NotLeader` on a follower (the caller forwards), `Membership` when openraft refuses.
+    pub async fn add_member(
+        &self,
+        id: NodeId,
+        member: MemberNode,
+        voter: bool,
+    ) -> Result<String, NodeError> {
+        self.ensure_leader()?;
+        self.raft
+            .add_learner(id, member, true)
+            .await
+            .map_err(membership_error)?;
+        tracing::info!(node_id = id, "member added as learner");
+        let voters = self.status().members.iter().filter(|(_, _, v)| *v).count();
+        if !voter {
+            return Ok(format!("node {id} added as a learner"));
+        }
+        if voters >= self.voters_max {
+            return Ok(format!(
+                "node {id} added as a learner: {voters} voters already (voters_max {})",
+                self.voters_max
+            ));
+        }
+        let promote = ChangeMembers::AddVoterIds(BTreeSet::from([id]));
+        self.raft
+            .change_membership(promote, false)
+            .await
+            .map_err(membership_error)?;
+        tracing::info!(node_id = id, "member promoted to voter");
+        Ok(format!("node {id} added as a voter"))
+    }
+
+    /// Removes a member (voter or learner) from the fleet; it stops taking part.
+    ///
+    /// # Errors
+    /// `NotLeader` on a follower, `Membership` when openraft refuses (e.g. unknown id).
+    pub async fn remove_member(&self, id: NodeId) -> Result<String, NodeError> {
+        self.ensure_leader()?;
+        let Some((_, _, voter)) = self
+            .status()
+            .members
+            .into_iter()
+            .find(|(member, _, _)| *member == id)
+        else {
+            return Err(NodeError::Membership {
+                reason: format!("node {id} is not a member"),
+            });
+        };
+        let ids = BTreeSet::from([id]);
+        let change = if voter {
+            ChangeMembers::RemoveVoters(ids)
+        } else {
+            ChangeMembers::RemoveNodes(ids)
+        };
+        self.raft
+            .change_membership(change, false)
+            .await
+            .map_err(membership_error)?;
+        tracing::info!(node_id = id, "member removed");
+        Ok(format!("node {id} removed"))
+    }
+}
+
+fn membership_error(e: RaftError<NodeId, ClientWriteError<NodeId, MemberNode>>) -> NodeError {
+    match e {
+        RaftError::APIError(ClientWriteError::ForwardToLeader(forward)) => NodeError::NotLeader {
+            leader_api_addr: forward.leader_node.map(|n| n.api_addr),
+        },
+        other => NodeError::Membership {
+            reason: other.to_string(),
+        },
+    }
+}
+
+fn mismatched(answer: &Answer) -> NodeError {
+    NodeError::Fatal {
+        reason: format!("the state machine answered {answer:?} to another kind of command"),
+    }
+}

@@ -1,0 +1,305 @@
+//! Group commit on the write path: callers' commands queue here, one batcher task drains
+//! the queue into batches, and each batch becomes ONE log entry (on the leader) or ONE
+//! `Propose` RPC (on a follower, relayed to the leader). Each caller gets its own answer
+//! back out of the batch.
+//!
+//! Adaptive by construction: a batch leaves as soon as an in-flight slot is free, so a lone
+//! caller goes at once and a busy node fills batches while the slots are taken. Bounded:
+//! `batch_commands_max`, `queue_depth_max` and `proposals_in_flight_max` are named limits,
+//! and a full queue is an answer (overloaded), not an unbounded wait.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use openraft::error::{ClientWriteError, RaftError};
+use tokio::sync::{mpsc, oneshot, Semaphore};
+use tokio::time::Instant;
+
+use crate::fallback::wall_clock_us;
+use crate::raft::network::PeerClients;
+use crate::raft::{NodeId, ProposeRefusal, ProposeRequest, ProposeResponse, Raft};
+use crate::state::{Answer, Command, FleetRequest};
+
+/// The retry hint given with an overloaded answer.
+const OVERLOADED_RETRY_AFTER_MS: u64 = 10;
+
+/// One caller waiting in the queue.
+struct Queued {
+    command: Command,
+    deadline: Instant,
+    reply: oneshot::Sender<Result<Answer, ProposeRefusal>>,
+}
+
+/// The limits of the queue and the batches.
+#[derive(Clone, Copy, Debug)]
+pub struct BatchLimits {
+    pub batch_commands_max: usize,
+    pub queue_depth_max: usize,
+    pub proposals_in_flight_max: usize,
+}
+
+/// The handle callers use; cheap to clone.
+#[derive(Clone)]
+pub struct Proposer {
+    queue: mpsc::Sender<Queued>,
+}
+
+impl Proposer {
+    /// Starts the batcher task for `router` and returns the queue's handle.
+    pub fn start(router: Arc<Router>, limits: BatchLimits) -> Self {
+        let (queue, receiver) = mpsc::channel(limits.queue_depth_max);
+        tokio::spawn(run_batcher(receiver, router, limits));
+        Self { queue }
+    }
+
+    /// Commits one command through the fleet and returns its answer.
+    ///
+    /// # Errors
+    /// `Overloaded` when the queue is full, `Unavailable` when the deadline passed first (the
+    /// command may still commit later), `NotLeader` never (routing is done here).
+    pub async fn propose(
+        &self,
+        command: Command,
+        deadline: Instant,
+    ) -> Result<Answer, ProposeRefusal> {
+        let (reply, answer) = oneshot::channel();
+        let queued = Queued {
+            command,
+            deadline,
+            reply,
+        };
+        if self.queue.try_send(queued).is_err() {
+            metrics::counter!("ankusa_proposals_overloaded_total").increment(1);
+            return Err(ProposeRefusal::Overloaded {
+                retry_after_ms: OVERLOADED_RETRY_AFTER_MS,
+            });
+        }
+        match tokio::time::timeout_at(deadline, answer).await {
+            Ok(Ok(result)) => result,
+            Ok(Err(_dropped)) => Err(ProposeRefusal::Fatal {
+                reason: "the batcher stopped".to_owned(),
+            }),
+            Err(_elapsed) => Err(ProposeRefusal::Unavailable {
+                reason: "deadline".to_owned(),
+            }),
+        }
+    }
+
+    /// Commits a forwarded batch: each command queues like a local caller's, so batches from
+    /// several followers and the leader's own callers share log entries.
+    pub async fn propose_all(&self, request: ProposeRequest) -> ProposeResponse {
+        let deadline = Instant::now() + Duration::from_millis(request.timeout_ms);
+        let answers = request
+            .commands
+            .into_iter()
+            .map(|command| self.propose(command, deadline));
+        futures::future::join_all(answers)
+            .await
+            .into_iter()
+            .collect()
+    }
+}
+
+async fn run_batcher(
+    mut receiver: mpsc::Receiver<Queued>,
+    router: Arc<Router>,
+    limits: BatchLimits,
+) {
+    let slots = Arc::new(Semaphore::new(limits.proposals_in_flight_max));
+    loop {
+        let Ok(slot) = slots.clone().acquire_owned().await else {
+            return;
+        };
+        let Some(first) = receiver.recv().await else {
+            return;
+        };
+        let mut batch = vec![first];
+        while batch.len() < limits.batch_commands_max {
+            match receiver.try_recv() {
+                Ok(queued) => batch.push(queued),
+                Err(_) => break,
+            }
+        }
+        let router = router.clone();
+        tokio::spawn(async move {
+            router.commit_batch(batch).await;
+            drop(slot);
+        });
+    }
+}
+
+/// Routes batches to the leader: `client_write` when this node leads, a `Propose` RPC to
+/// the leader otherwise.
+pub struct Router {
+    node_id: NodeId,
+    raft: Raft,
+    peers: PeerClients,
+    /// The last time stamped on a proposal by this node, so stamps never go back here.
+    last_stamp_us: AtomicU64,
+}
+
+impl Router {
+    /// A router for node `node_id`.
+    pub fn new(node_id: NodeId, raft: Raft, peers: PeerClients) -> Self {
+        Self {
+            node_id,
+            raft,
+            peers,
+            last_stamp_us: AtomicU64::new(0),
+        }
+    }
+
+    async fn commit_batch(&self, batch: Vec<Queued>) {
+        // Callers that already gave up are dropped before proposing: nobody will read their
+        // answer, and their command must not take effect behind their back.
+        let batch: Vec<Queued> = batch.into_iter().filter(|q| !q.reply.is_closed()).collect();
+        let Some(deadline) = batch.iter().map(|q| q.deadline).max() else {
+            return;
+        };
+        metrics::histogram!("ankusa_batch_commands").record(batch.len() as f64);
+        let commands = batch.iter().map(|q| q.command.clone()).collect();
+        let result = self.commit(commands, deadline).await;
+        for (i, queued) in batch.into_iter().enumerate() {
+            let answer = match &result {
+                Ok(answers) => answers
+                    .get(i)
+                    .cloned()
+                    .ok_or_else(|| ProposeRefusal::Fatal {
+                        reason: "the fleet returned fewer answers than commands".to_owned(),
+                    }),
+                Err(refusal) => Err(refusal.clone()),
+            };
+            let _ = queued.reply.send(answer);
+        }
+    }
+
+    /// Commits `commands` as one entry, following leader changes until `deadline`.
+    async fn commit(&self, commands: Vec<Command>, deadline: Instant) -> ProposeResponse {
+        loop {
+            let leader = self.raft.metrics().borrow().current_leader;
+            let outcome = match leader {
+                Some(leader_id) if leader_id == self.node_id => {
+                    self.write_here(&commands, deadline).await
+                }
+                Some(leader_id) => self.forward(leader_id, &commands, deadline).await,
+                None => Err(ProposeRefusal::NotLeader { leader_id: None }),
+            };
+            match outcome {
+                Err(ProposeRefusal::NotLeader { .. }) => {
+                    self.wait_for_leader_change(leader, deadline).await?
+                }
+                other => return other,
+            }
+        }
+    }
+
+    fn stamp_now_us(&self) -> u64 {
+        let now_us = wall_clock_us();
+        self.last_stamp_us
+            .fetch_max(now_us, Ordering::Relaxed)
+            .max(now_us)
+    }
+
+    async fn write_here(&self, commands: &[Command], deadline: Instant) -> ProposeResponse {
+        let request = FleetRequest {
+            now_us: self.stamp_now_us(),
+            commands: commands.to_vec(),
+        };
+        match tokio::time::timeout_at(deadline, self.raft.client_write(request)).await {
+            Err(_elapsed) => Err(ProposeRefusal::Unavailable {
+                reason: "deadline".to_owned(),
+            }),
+            Ok(Ok(written)) => Ok(written.data.answers),
+            Ok(Err(RaftError::APIError(ClientWriteError::ForwardToLeader(forward)))) => {
+                Err(ProposeRefusal::NotLeader {
+                    leader_id: forward.leader_id,
+                })
+            }
+            Ok(Err(e)) => Err(ProposeRefusal::Fatal {
+                reason: e.to_string(),
+            }),
+        }
+    }
+
+    async fn forward(
+        &self,
+        leader_id: NodeId,
+        commands: &[Command],
+        deadline: Instant,
+    ) -> ProposeResponse {
+        let raft_addr = {
+            let metrics = self.raft.metrics();
+            let metrics = metrics.borrow();
+            metrics
+                .membership_config
+                .membership()
+                .get_node(&leader_id)
+                .map(|n| n.raft_addr.clone())
+        };
+        let Some(raft_addr) = raft_addr else {
+            return Err(ProposeRefusal::NotLeader { leader_id: None });
+        };
+        let remaining = deadline.saturating_duration_since(Instant::now());
+        let request = ProposeRequest {
+            commands: commands.to_vec(),
+            timeout_ms: u64::try_from(remaining.as_millis()).unwrap_or(u64::MAX),
+        };
+        match self.peers.propose(&raft_addr, &request, remaining).await {
+            Ok(response) => response,
+            Err(e) if e.surely_not_delivered() => {
+                tracing::debug!(leader_id, error = %e, "leader unreachable, waiting for another");
+                Err(ProposeRefusal::NotLeader { leader_id: None })
+            }
+            Err(e) => Err(ProposeRefusal::Unavailable {
+                reason: e.to_string(),
+            }),
+        }
+    }
+
+    /// Waits until the known leader differs from `seen` (or the deadline passes).
+    async fn wait_for_leader_change(
+        &self,
+        seen: Option<NodeId>,
+        deadline: Instant,
+    ) -> Result<(), ProposeRefusal> {
+        let mut metrics = self.raft.metrics();
+        let changed = async {
+            loop {
+                if metrics.changed().await.is_err() {
+                    return;
+                }
+                let leader = metrics.borrow().current_leader;
+                if leader.is_some() && leader != seen {
+                    return;
+                }
+            }
+        };
+        // A leader that refused (or could not be reached) may be re-elected under the same id:
+        // re-check at least every few heartbeats.
+        let recheck = Instant::now() + Duration::from_millis(100);
+        let _ = tokio::time::timeout_at(deadline.min(recheck), changed).await;
+        if Instant::now() >= deadline {
+            return Err(ProposeRefusal::Unavailable {
+                reason: if seen.is_some() {
+                    "deadline"
+                } else {
+                    "no leader"
+                }
+                .to_owned(),
+            });
+        }
+        Ok(())
+    }
+}
+
+impl crate::raft::service::ProposalSink for Proposer {
+    fn propose(
+        &self,
+        request: ProposeRequest,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = ProposeResponse> + Send + 'static>>
+    {
+        let proposer = self.clone();
+        Box::pin(async move { proposer.propose_all(request).await })
+    }
+}

@@ -1,0 +1,277 @@
+//! Start-up and shutdown of one node process: open the stores, start Raft, serve the
+//! public API on `api_addr` and Raft traffic on `raft_addr`, form the cluster on first
+//! start. Start-up never waits for peers.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tokio_stream::wrappers::TcpListenerStream;
+use tonic::transport::Server;
+
+use crate::api::validate::RequestDefaults;
+use crate::api::{AdminService, FleetService};
+use crate::config::NodeConfig;
+use crate::fallback::LocalEngine;
+use crate::node::propose::{BatchLimits, Proposer, Router};
+use crate::node::Node;
+use crate::pb;
+use crate::raft::log_store::LogStore;
+use crate::raft::network::PeerClients;
+use crate::raft::service::PeerService;
+use crate::raft::{MemberNode, Raft};
+use crate::state::store::StateMachineStore;
+
+/// Largest gRPC message between peers (snapshot chunks, big batches).
+const PEER_MESSAGE_BYTES_MAX: usize = 64 * 1024 * 1024;
+/// How long a snapshot chunk may take to install on a receiving node.
+const INSTALL_SNAPSHOT_TIMEOUT_MS: u64 = 10_000;
+/// Log entries kept behind a snapshot, so a briefly lagging follower needs no snapshot.
+const LOGS_KEPT_AFTER_SNAPSHOT: u64 = 1_000;
+
+/// A node could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("data dir {path}: {source}")]
+    DataDir {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("binding {addr}: {source}")]
+    Bind {
+        addr: String,
+        source: std::io::Error,
+    },
+    #[error("raft log store: {0}")]
+    LogStore(String),
+    #[error("sled: {0}")]
+    Sled(#[from] sled::Error),
+    #[error("state machine: {0}")]
+    State(#[from] crate::state::store::StateStoreError),
+    #[error("node claim index: {0}")]
+    Local(#[from] crate::fallback::LocalError),
+    #[error("raft config: {0}")]
+    RaftConfig(#[from] openraft::ConfigError),
+    #[error("raft: {0}")]
+    Raft(String),
+}
+
+/// The two listening sockets of a node (bound before start, so tests can use port 0).
+pub struct Listeners {
+    pub api: TcpListener,
+    pub raft: TcpListener,
+}
+
+impl Listeners {
+    /// Binds the configured addresses.
+    ///
+    /// # Errors
+    /// When an address is taken or not local.
+    pub async fn bind(config: &NodeConfig) -> Result<Self, StartError> {
+        let bind = |addr: std::net::SocketAddr| async move {
+            TcpListener::bind(addr)
+                .await
+                .map_err(|source| StartError::Bind {
+                    addr: addr.to_string(),
+                    source,
+                })
+        };
+        Ok(Self {
+            api: bind(config.api_addr).await?,
+            raft: bind(config.raft_addr).await?,
+        })
+    }
+}
+
+/// A started node: its servers run until [`RunningNode::shutdown`].
+pub struct RunningNode {
+    pub node: Arc<Node>,
+    stop: watch::Sender<bool>,
+    servers: Vec<JoinHandle<()>>,
+}
+
+fn raft_config(config: &NodeConfig) -> Result<openraft::Config, openraft::ConfigError> {
+    openraft::Config {
+        cluster_name: config.cluster_id.clone(),
+        heartbeat_interval: config.heartbeat_ms,
+        election_timeout_min: config.election_timeout_ms_min,
+        election_timeout_max: config.election_timeout_ms_max,
+        install_snapshot_timeout: INSTALL_SNAPSHOT_TIMEOUT_MS,
+        snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(config.snapshot_logs_since_last),
+        max_in_snapshot_log_to_keep: LOGS_KEPT_AFTER_SNAPSHOT,
+        ..openraft::Config::default()
+    }
+    .validate()
+}
+
+fn open_dir(path: &Path) -> Result<(), StartError> {
+    std::fs::create_dir_all(path).map_err(|source| StartError::DataDir {
+        path: path.display().to_string(),
+        source,
+    })
+}
+
+/// Opens the stores, starts Raft and both servers, and forms the cluster on first start.
+///
+/// # Errors
+/// When a store cannot be opened or Raft refuses the configuration. Unreachable peers are
+/// not an error: the node starts and serves anyway.
+pub async fn start(config: NodeConfig, listeners: Listeners) -> Result<RunningNode, StartError> {
+    open_dir(&config.data_dir)?;
+    let log_store = LogStore::open(&config.data_dir.join("raft-log.redb"))
+        .map_err(|e| StartError::LogStore(e.to_string()))?;
+    let db = sled::Config::new()
+        .path(config.data_dir.join("state.sled"))
+        .open()?;
+    let state = StateMachineStore::open(&db)?;
+    let local = LocalEngine::open(&db, config.node_id)?;
+    let peers = PeerClients::new(&config.cluster_id, config.node_id);
+    let raft = Raft::new(
+        config.node_id,
+        Arc::new(raft_config(&config)?),
+        peers.clone(),
+        log_store,
+        state.clone(),
+    )
+    .await
+    .map_err(|e| StartError::Raft(e.to_string()))?;
+    let limits = BatchLimits {
+        batch_commands_max: config.batch_commands_max,
+        queue_depth_max: config.queue_depth_max,
+        proposals_in_flight_max: config.proposals_in_flight_max,
+    };
+    let proposer = Proposer::start(
+        Arc::new(Router::new(config.node_id, raft.clone(), peers)),
+        limits,
+    );
+    let node = Arc::new(Node::new(
+        config.node_id,
+        raft.clone(),
+        state,
+        proposer.clone(),
+        local,
+        config.voters_max,
+    ));
+    let (stop, stopped) = watch::channel(false);
+    let servers = vec![
+        tokio::spawn(serve_peers(
+            raft.clone(),
+            &config,
+            proposer,
+            listeners.raft,
+            stopped.clone(),
+        )),
+        tokio::spawn(serve_api(node.clone(), &config, listeners.api, stopped)),
+    ];
+    form_cluster_once(&raft, &config).await?;
+    tracing::info!(node_id = config.node_id, api_addr = %config.api_addr, raft_addr = %config.raft_addr, "node started");
+    Ok(RunningNode {
+        node,
+        stop,
+        servers,
+    })
+}
+
+/// On a pristine node listed among the initial members, proposes the initial membership.
+/// Every initial member does this; openraft makes repeats with the same config safe, so
+/// the cluster forms exactly once whatever order the nodes start in.
+async fn form_cluster_once(raft: &Raft, config: &NodeConfig) -> Result<(), StartError> {
+    if !config.is_initial_member()
+        || raft
+            .is_initialized()
+            .await
+            .map_err(|e| StartError::Raft(e.to_string()))?
+    {
+        return Ok(());
+    }
+    let members: BTreeMap<u64, MemberNode> = config
+        .members
+        .iter()
+        .map(|m| {
+            let node = MemberNode {
+                api_addr: m.api_addr.clone(),
+                raft_addr: m.raft_addr.clone(),
+            };
+            (m.id, node)
+        })
+        .collect();
+    match raft.initialize(members).await {
+        Ok(()) => tracing::info!("initial membership proposed"),
+        Err(e) => tracing::info!(error = %e, "cluster already formed"),
+    }
+    Ok(())
+}
+
+async fn until_stopped(mut stopped: watch::Receiver<bool>) {
+    let _ = stopped.wait_for(|stop| *stop).await;
+}
+
+fn serve_peers(
+    raft: Raft,
+    config: &NodeConfig,
+    proposer: Proposer,
+    listener: TcpListener,
+    stopped: watch::Receiver<bool>,
+) -> impl std::future::Future<Output = ()> + Send + 'static {
+    let service = PeerService::new(raft, config.cluster_id.clone(), Arc::new(proposer));
+    let server = pb::internal::peer_server::PeerServer::new(service)
+        .max_decoding_message_size(PEER_MESSAGE_BYTES_MAX)
+        .max_encoding_message_size(PEER_MESSAGE_BYTES_MAX);
+    async move {
+        let served = Server::builder()
+            .tcp_nodelay(true)
+            .add_service(server)
+            .serve_with_incoming_shutdown(TcpListenerStream::new(listener), until_stopped(stopped))
+            .await;
+        if let Err(e) = served {
+            tracing::error!(error = %e, "raft server stopped");
+        }
+    }
+}
+
+fn serve_api(
+    node: Arc<Node>,
+    config: &NodeConfig,
+    listener: TcpListener,
+    stopped: watch::Receiver<bool>,
+) -> impl std::future::Future<Output = ()> + Send + 'static {
+    let defaults = RequestDefaults {
+        timeout: config.timeout_default,
+        claim_ttl_ms: config.claim_ttl_ms_default,
+    };
+    let fleet = pb::fleet_server::FleetServer::new(FleetService::new(node.clone(), defaults));
+    let admin = pb::internal::admin_server::AdminServer::new(AdminService::new(node));
+    async move {
+        let (health, health_service) = tonic_health::server::health_reporter();
+        health
+            .set_serving::<pb::fleet_server::FleetServer<FleetService>>()
+            .await;
+        let served = Server::builder()
+            .tcp_nodelay(true)
+            .add_service(health_service)
+            .add_service(fleet)
+            .add_service(admin)
+            .serve_with_incoming_shutdown(TcpListenerStream::new(listener), until_stopped(stopped))
+            .await;
+        if let Err(e) = served {
+            tracing::error!(error = %e, "api server stopped");
+        }
+    }
+}
+
+impl RunningNode {
+    /// Stops serving, shuts Raft down and waits for the servers to finish.
+    pub async fn shutdown(self) {
+        let _ = self.stop.send(true);
+        if let Err(e) = self.node.raft().shutdown().await {
+            tracing::warn!(error = %e, "raft shutdown");
+        }
+        for server in self.servers {
+            let _ = tokio::time::timeout(Duration::from_secs(5), server).await;
+        }
+    }
+}

@@ -1,0 +1,187 @@
+//! The vocabulary of the replicated state: ids, commands (what goes in a log entry) and
+//! answers (what applying one yields). Plain data: no IO, no clock.
+
+use serde::{Deserialize, Serialize};
+
+/// A Raft node id (also the `node` recorded on a claim).
+pub type NodeId = u64;
+
+macro_rules! string_id {
+    ($(#[$doc:meta])* $name:ident) => {
+        $(#[$doc])*
+        #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+        pub struct $name(pub String);
+
+        impl $name {
+            /// The id as text.
+            pub fn as_str(&self) -> &str {
+                &self.0
+            }
+        }
+
+        impl From<&str> for $name {
+            fn from(value: &str) -> Self {
+                Self(value.to_owned())
+            }
+        }
+
+        impl std::fmt::Display for $name {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(&self.0)
+            }
+        }
+    };
+}
+
+string_id!(
+    /// The sender a budget belongs to (one customer of the edge).
+    TenantId
+);
+string_id!(
+    /// The webhook provider (or endpoint) an event came from.
+    SourceId
+);
+string_id!(
+    /// The edge's id for one stored hook; a claim is held by exactly one.
+    HookId
+);
+string_id!(
+    /// check_rate's entity (a user, an API key, an IP address...).
+    EntityId
+);
+
+/// What a hit's charge counts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub enum Kind {
+    Hooks,
+    Bytes,
+}
+
+/// A GCRA bucket's name. Hit's buckets and check_rate's live in separate variants, so
+/// they can never share a name (SPEC section 11).
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub enum BucketKey {
+    Tenant {
+        kind: Kind,
+        tenant: TenantId,
+    },
+    Entity {
+        entity_id: EntityId,
+        operation: String,
+    },
+}
+
+/// One GCRA charge (SPEC section 4), already validated.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Charge {
+    pub bucket: BucketKey,
+    pub increment_us: u64,
+    pub capacity_us: u64,
+}
+
+/// Where a claim lives: one provider event of one tenant.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct ClaimKey {
+    pub tenant: TenantId,
+    pub source_id: SourceId,
+    pub key: String,
+}
+
+/// A hit's request to claim a key for a hook (SPEC section 5, step 3).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClaimRequest {
+    pub key: ClaimKey,
+    pub hook_id: HookId,
+    /// How long the claim lives once committed.
+    pub ttl_ms: u64,
+    /// How long it stays pending before it expires on its own.
+    pub pending_ttl_ms: u64,
+}
+
+/// The two phases of a claim.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ClaimState {
+    Pending,
+    Committed,
+}
+
+/// A stored claim (SPEC section 2).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClaimRecord {
+    pub hook_id: HookId,
+    pub node: NodeId,
+    pub state: ClaimState,
+    pub expires_at_us: u64,
+    /// The committed lifetime, kept from the claim for the commit that comes later.
+    pub ttl_ms: u64,
+}
+
+/// The second phase of a claim.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum SettleOutcome {
+    Commit,
+    Release,
+}
+
+/// One decision the state machine makes. A log entry carries a batch of these.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Command {
+    /// SPEC section 5 (and check_rate, which is a hit with one entity charge).
+    Hit {
+        charges: Vec<Charge>,
+        claim: Option<ClaimRequest>,
+        node: NodeId,
+    },
+    /// Evaluate charges without spending them: `Allowed` or `RateLimited`, nothing written.
+    /// Used when a fleet-scoped charge meets a node-scoped claim that is already taken.
+    ProbeCharges { charges: Vec<Charge> },
+    /// SPEC section 6. `ttl_ms` is already resolved (never 0).
+    Settle {
+        key: ClaimKey,
+        hook_id: HookId,
+        outcome: SettleOutcome,
+        ttl_ms: u64,
+        node: NodeId,
+    },
+    /// SPEC section 10: forget the tenant's hooks and bytes buckets.
+    Reset { tenant: TenantId },
+}
+
+/// The answer to a hit (and to check_rate).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum HitAnswer {
+    Allowed,
+    Duplicate { hook_id: HookId },
+    Pending { retry_after_ms: u64 },
+    RateLimited { retry_after_ms: u64 },
+}
+
+/// The answer to a settle.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum SettleAnswer {
+    Settled,
+    Recreated,
+    Conflict { holder: HookId },
+}
+
+/// What applying one command yields; always in the same position as its command.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Answer {
+    Hit(HitAnswer),
+    Settle(SettleAnswer),
+    Reset,
+}
+
+/// A log entry's application payload: commands stamped with the proposing leader's clock.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FleetRequest {
+    /// Microseconds since the Unix epoch, read by the leader when it proposed the entry.
+    pub now_us: u64,
+    pub commands: Vec<Command>,
+}
+
+/// One answer per command of the entry (empty for blank and membership entries).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FleetResponse {
+    pub answers: Vec<Answer>,
+}

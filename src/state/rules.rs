@@ -1,0 +1,363 @@
+//! The fleet's rules as pure functions over [`FleetState`]: GCRA (SPEC section 4), the
+//! hit steps (section 5), settle (section 6), reset (section 10) and expiry.
+//!
+//! Nothing here does IO, reads a clock or awaits: `now_us` always comes from the log entry
+//! (or, for node-local state, from the caller). Every replica that applies the same entries
+//! reaches the same state and the same answers.
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap};
+
+use serde::{Deserialize, Serialize};
+
+use super::model::{
+    Answer, BucketKey, Charge, ClaimKey, ClaimRecord, ClaimRequest, ClaimState, Command, HitAnswer,
+    HookId, Kind, NodeId, SettleAnswer, SettleOutcome, TenantId,
+};
+
+/// Microseconds in a millisecond.
+const US_PER_MS: u64 = 1_000;
+
+/// Something that expires on its own: a bucket once its TAT passes, a claim at `expires_at`.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Expiring {
+    Bucket(BucketKey),
+    Claim(ClaimKey),
+}
+
+/// The live state of buckets and claims, plus the clock the log has reached.
+///
+/// Expired entries are dropped as the clock passes them (see [`FleetState::advance_clock`]),
+/// so memory follows live state, not history.
+#[derive(Clone, Debug, Default)]
+pub struct FleetState {
+    clock_us: u64,
+    buckets: HashMap<BucketKey, u64>,
+    claims: HashMap<ClaimKey, ClaimRecord>,
+    /// Min-heap of (deadline, item); an item may appear several times, only the entry whose
+    /// deadline matches the live record removes it.
+    expiry: BinaryHeap<Reverse<(u64, Expiring)>>,
+}
+
+/// The serialisable content of a [`FleetState`]: live items only (what a snapshot holds).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StateImage {
+    pub clock_us: u64,
+    pub buckets: Vec<(BucketKey, u64)>,
+    pub claims: Vec<(ClaimKey, ClaimRecord)>,
+}
+
+impl FleetState {
+    /// The time of the last applied entry, never decreasing.
+    pub fn clock_us(&self) -> u64 {
+        self.clock_us
+    }
+
+    /// A bucket's TAT, if it is live at the current clock.
+    pub fn bucket_tat_us(&self, bucket: &BucketKey) -> Option<u64> {
+        self.buckets
+            .get(bucket)
+            .copied()
+            .filter(|tat_us| *tat_us > self.clock_us)
+    }
+
+    /// A claim, if it is live at the current clock.
+    pub fn claim(&self, key: &ClaimKey) -> Option<&ClaimRecord> {
+        self.claims
+            .get(key)
+            .filter(|record| record.expires_at_us > self.clock_us)
+    }
+
+    /// Number of stored buckets and claims (live or not yet swept).
+    pub fn len(&self) -> (usize, usize) {
+        (self.buckets.len(), self.claims.len())
+    }
+
+    /// True when nothing is stored.
+    pub fn is_empty(&self) -> bool {
+        self.buckets.is_empty() && self.claims.is_empty()
+    }
+
+    /// Moves the clock to `max(clock, now_us)` and drops what expired; returns the new clock.
+    ///
+    /// Taking the maximum keeps time monotonic across leader changes even when a new
+    /// leader's wall clock is behind the old one's.
+    pub fn advance_clock(&mut self, now_us: u64) -> u64 {
+        self.clock_us = self.clock_us.max(now_us);
+        while let Some(Reverse((deadline_us, _))) = self.expiry.peek() {
+            if *deadline_us > self.clock_us {
+                break;
+            }
+            let Some(Reverse((deadline_us, item))) = self.expiry.pop() else {
+                break;
+            };
+            self.sweep(deadline_us, item);
+        }
+        self.clock_us
+    }
+
+    fn sweep(&mut self, deadline_us: u64, item: Expiring) {
+        match item {
+            Expiring::Bucket(bucket) => {
+                if self.buckets.get(&bucket) == Some(&deadline_us) {
+                    self.buckets.remove(&bucket);
+                }
+            }
+            Expiring::Claim(key) => {
+                if self.claims.get(&key).map(|r| r.expires_at_us) == Some(deadline_us) {
+                    self.claims.remove(&key);
+                }
+            }
+        }
+    }
+
+    fn set_bucket(&mut self, bucket: BucketKey, tat_us: u64) {
+        self.expiry
+            .push(Reverse((tat_us, Expiring::Bucket(bucket.clone()))));
+        self.buckets.insert(bucket, tat_us);
+    }
+
+    fn set_claim(&mut self, key: ClaimKey, record: ClaimRecord) {
+        self.expiry.push(Reverse((
+            record.expires_at_us,
+            Expiring::Claim(key.clone()),
+        )));
+        self.claims.insert(key, record);
+    }
+
+    /// Sets a bucket's TAT directly (the local fallback seeds its buckets this way).
+    pub fn seed_bucket(&mut self, bucket: BucketKey, tat_us: u64) {
+        if tat_us > self.clock_us {
+            self.set_bucket(bucket, tat_us);
+        }
+    }
+
+    /// Copies out the live items at the current clock.
+    pub fn image(&self) -> StateImage {
+        let clock_us = self.clock_us;
+        StateImage {
+            clock_us,
+            buckets: self
+                .buckets
+                .iter()
+                .filter(|(_, tat_us)| **tat_us > clock_us)
+                .map(|(k, v)| (k.clone(), *v))
+                .collect(),
+            claims: self
+                .claims
+                .iter()
+                .filter(|(_, r)| r.expires_at_us > clock_us)
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect(),
+        }
+    }
+
+    /// Rebuilds a state from an image, replacing nothing else (the caller replaces `self`).
+    pub fn from_image(image: StateImage) -> Self {
+        let mut state = FleetState {
+            clock_us: image.clock_us,
+            ..FleetState::default()
+        };
+        for (bucket, tat_us) in image.buckets {
+            state.set_bucket(bucket, tat_us);
+        }
+        for (key, record) in image.claims {
+            state.set_claim(key, record);
+        }
+        state.advance_clock(image.clock_us);
+        state
+    }
+}
+
+/// Applies one command at `now_us` (already advanced with [`FleetState::advance_clock`]).
+pub fn apply(state: &mut FleetState, command: &Command, now_us: u64) -> Answer {
+    match command {
+        Command::Hit {
+            charges,
+            claim,
+            node,
+        } => Answer::Hit(hit(state, charges, claim.as_ref(), *node, now_us)),
+        Command::ProbeCharges { charges } => {
+            Answer::Hit(match evaluate_charges(state, charges, now_us) {
+                Ok(_) => HitAnswer::Allowed,
+                Err(retry_after_ms) => HitAnswer::RateLimited { retry_after_ms },
+            })
+        }
+        Command::Settle {
+            key,
+            hook_id,
+            outcome: SettleOutcome::Commit,
+            ttl_ms,
+            node,
+        } => Answer::Settle(commit(state, key, hook_id, *ttl_ms, *node, now_us)),
+        Command::Settle {
+            key,
+            hook_id,
+            outcome: SettleOutcome::Release,
+            ..
+        } => Answer::Settle(release(state, key, hook_id)),
+        Command::Reset { tenant } => {
+            reset(state, tenant);
+            Answer::Reset
+        }
+    }
+}
+
+/// Applies a whole entry: advances the clock once, then each command in order.
+pub fn apply_batch(
+    state: &mut FleetState,
+    commands: &[Command],
+    stamped_now_us: u64,
+) -> Vec<Answer> {
+    let now_us = state.advance_clock(stamped_now_us);
+    commands
+        .iter()
+        .map(|command| apply(state, command, now_us))
+        .collect()
+}
+
+/// GCRA for one charge against a TAT: `Ok(new_tat_us)` or `Err(retry_after_ms)`.
+pub fn gcra(
+    tat_us: Option<u64>,
+    now_us: u64,
+    increment_us: u64,
+    capacity_us: u64,
+) -> Result<u64, u64> {
+    let new_tat_us = tat_us.unwrap_or(0).max(now_us).saturating_add(increment_us);
+    let ahead_us = new_tat_us - now_us;
+    if ahead_us <= capacity_us {
+        Ok(new_tat_us)
+    } else {
+        Err(ceil_ms(ahead_us - capacity_us))
+    }
+}
+
+/// Microseconds to whole milliseconds, rounded up, at least 1.
+fn ceil_ms(duration_us: u64) -> u64 {
+    duration_us.div_ceil(US_PER_MS).max(1)
+}
+
+/// Step 2 of a hit: every charge's new TAT, or the largest retry among the denied ones.
+fn evaluate_charges(state: &FleetState, charges: &[Charge], now_us: u64) -> Result<Vec<u64>, u64> {
+    let mut new_tats_us = Vec::with_capacity(charges.len());
+    let mut retry_after_ms = None;
+    for charge in charges {
+        let tat_us = state.bucket_tat_us(&charge.bucket);
+        match gcra(tat_us, now_us, charge.increment_us, charge.capacity_us) {
+            Ok(new_tat_us) => new_tats_us.push(new_tat_us),
+            Err(retry_ms) => retry_after_ms = Some(retry_after_ms.unwrap_or(0).max(retry_ms)),
+        }
+    }
+    match retry_after_ms {
+        Some(retry_ms) => Err(retry_ms),
+        None => Ok(new_tats_us),
+    }
+}
+
+fn hit(
+    state: &mut FleetState,
+    charges: &[Charge],
+    claim: Option<&ClaimRequest>,
+    node: NodeId,
+    now_us: u64,
+) -> HitAnswer {
+    let new_tats_us = match evaluate_charges(state, charges, now_us) {
+        Ok(new_tats_us) => new_tats_us,
+        Err(retry_after_ms) => return HitAnswer::RateLimited { retry_after_ms },
+    };
+    if let Some(claim) = claim {
+        if let Some(blocked) = claim_blocked(state, claim, now_us) {
+            return blocked;
+        }
+    }
+    for (charge, new_tat_us) in charges.iter().zip(new_tats_us) {
+        state.set_bucket(charge.bucket.clone(), new_tat_us);
+    }
+    if let Some(claim) = claim {
+        let record = ClaimRecord {
+            hook_id: claim.hook_id.clone(),
+            node,
+            state: ClaimState::Pending,
+            expires_at_us: now_us.saturating_add(claim.pending_ttl_ms.saturating_mul(US_PER_MS)),
+            ttl_ms: claim.ttl_ms,
+        };
+        state.set_claim(claim.key.clone(), record);
+    }
+    HitAnswer::Allowed
+}
+
+/// Step 3 of a hit: `Some(answer)` when the claim stops the hit here, `None` to go on.
+///
+/// A retry of the same pending hook answers `Allowed` without charging or extending.
+pub fn claim_blocked(state: &FleetState, claim: &ClaimRequest, now_us: u64) -> Option<HitAnswer> {
+    let record = state.claim(&claim.key)?;
+    Some(match record.state {
+        ClaimState::Committed => HitAnswer::Duplicate {
+            hook_id: record.hook_id.clone(),
+        },
+        ClaimState::Pending if record.hook_id != claim.hook_id => HitAnswer::Pending {
+            retry_after_ms: ceil_ms(record.expires_at_us - now_us),
+        },
+        ClaimState::Pending => HitAnswer::Allowed,
+    })
+}
+
+fn commit(
+    state: &mut FleetState,
+    key: &ClaimKey,
+    hook_id: &HookId,
+    settle_ttl_ms: u64,
+    node: NodeId,
+    now_us: u64,
+) -> SettleAnswer {
+    let Some(record) = state.claim(key).cloned() else {
+        let record = ClaimRecord {
+            hook_id: hook_id.clone(),
+            node,
+            state: ClaimState::Committed,
+            expires_at_us: now_us.saturating_add(settle_ttl_ms.saturating_mul(US_PER_MS)),
+            ttl_ms: settle_ttl_ms,
+        };
+        state.set_claim(key.clone(), record);
+        return SettleAnswer::Recreated;
+    };
+    if record.hook_id != *hook_id {
+        return SettleAnswer::Conflict {
+            holder: record.hook_id,
+        };
+    }
+    if record.state == ClaimState::Pending {
+        let committed = ClaimRecord {
+            state: ClaimState::Committed,
+            expires_at_us: now_us.saturating_add(record.ttl_ms.saturating_mul(US_PER_MS)),
+            ..record
+        };
+        state.set_claim(key.clone(), committed);
+    }
+    SettleAnswer::Settled
+}
+
+fn release(state: &mut FleetState, key: &ClaimKey, hook_id: &HookId) -> SettleAnswer {
+    let Some(record) = state.claim(key) else {
+        return SettleAnswer::Settled;
+    };
+    if record.hook_id != *hook_id || record.state == ClaimState::Committed {
+        return SettleAnswer::Conflict {
+            holder: record.hook_id.clone(),
+        };
+    }
+    state.claims.remove(key);
+    SettleAnswer::Settled
+}
+
+fn reset(state: &mut FleetState, tenant: &TenantId) {
+    for kind in [Kind::Hooks, Kind::Bytes] {
+        state.buckets.remove(&BucketKey::Tenant {
+            kind,
+            tenant: tenant.clone(),
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,256 @@
+//! The openraft state machine: applies committed entries to the in-memory [`FleetState`]
+//! and keeps the latest snapshot in sled.
+//!
+//! Applying never reads a clock (the entry carries the leader's time). Snapshots are built
+//! from a point-in-time image taken under the lock, then encoded and written off the async
+//! runtime; installing a snapshot replaces the state, it never merges into it.
+
+use std::io::Cursor;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use openraft::storage::RaftStateMachine;
+use openraft::{EntryPayload, RaftSnapshotBuilder, StorageIOError};
+use serde::{Deserialize, Serialize};
+
+use super::model::FleetResponse;
+use super::rules::{self, FleetState};
+use crate::codec;
+use crate::raft::{
+    Entry, LogId, MemberNode, NodeId, Snapshot, SnapshotMeta, StorageError, StoredMembership,
+    TypeConfig,
+};
+use crate::snapshot::{self, SnapshotBody};
+
+/// The sled tree holding the latest snapshot under [`CURRENT_KEY`].
+const SNAPSHOT_TREE: &str = "snapshots";
+const CURRENT_KEY: &[u8] = b"current";
+
+/// The state machine could not be opened.
+#[derive(Debug, thiserror::Error)]
+pub enum StateStoreError {
+    #[error("sled: {0}")]
+    Sled(#[from] sled::Error),
+    #[error("stored snapshot is unreadable: {0}")]
+    Snapshot(#[from] snapshot::SnapshotFormatError),
+    #[error("stored snapshot metadata is unreadable: {0}")]
+    Meta(#[from] codec::CodecError),
+}
+
+/// What the state machine has applied.
+#[derive(Debug, Default)]
+pub struct Applied {
+    pub state: FleetState,
+    pub last_applied: Option<LogId>,
+    pub membership: StoredMembership,
+}
+
+/// The latest snapshot as stored in sled: metadata plus the encoded (checksummed) body.
+#[derive(Serialize, Deserialize)]
+struct StoredSnapshot {
+    meta: SnapshotMeta,
+    data: Vec<u8>,
+}
+
+struct Inner {
+    applied: Mutex<Applied>,
+    snapshots: sled::Tree,
+    db: sled::Db,
+    snapshot_seq: AtomicU64,
+}
+
+/// The fleet state machine (cheap to clone: all clones share one state).
+#[derive(Clone)]
+pub struct StateMachineStore {
+    inner: Arc<Inner>,
+}
+
+impl StateMachineStore {
+    /// Opens the state machine on `db`, resuming from its stored snapshot if any; openraft
+    /// then replays the log after the snapshot.
+    ///
+    /// # Errors
+    /// When sled fails or the stored snapshot fails its checksum (a node must not serve from
+    /// a state it cannot trust).
+    pub fn open(db: &sled::Db) -> Result<Self, StateStoreError> {
+        let snapshots = db.open_tree(SNAPSHOT_TREE)?;
+        let mut applied = Applied::default();
+        if let Some(bytes) = snapshots.get(CURRENT_KEY)? {
+            let stored: StoredSnapshot = codec::decode(&bytes)?;
+            let body = snapshot::decode(&stored.data)?;
+            applied = applied_from_body(body);
+            tracing::info!(last_applied = ?applied.last_applied, "state machine resumed from snapshot");
+        }
+        Ok(Self {
+            inner: Arc::new(Inner {
+                applied: Mutex::new(applied),
+                snapshots,
+                db: db.clone(),
+                snapshot_seq: AtomicU64::new(0),
+            }),
+        })
+    }
+
+    /// Locks the applied state for a short read (never hold it across an await).
+    pub fn lock(&self) -> MutexGuard<'_, Applied> {
+        // A panic while applying leaves a state nobody can trust; propagating the poison as a
+        // panic stops the node instead of serving from it.
+        match self.inner.applied.lock() {
+            Ok(guard) => guard,
+            Err(poisoned) => panic!("state machine lock poisoned: {poisoned}"),
+        }
+    }
+
+    fn load_current(&self) -> Result<Option<StoredSnapshot>, StorageError> {
+        let bytes = self
+            .inner
+            .snapshots
+            .get(CURRENT_KEY)
+            .map_err(|e| StorageIOError::read_snapshot(None, &e))?;
+        bytes
+            .map(|bytes| {
+                codec::decode(&bytes).map_err(|e| StorageIOError::read_snapshot(None, &e).into())
+            })
+            .transpose()
+    }
+
+    /// Writes `stored` as the current snapshot and flushes sled, off the async runtime.
+    async fn persist(&self, stored: &StoredSnapshot) -> Result<(), StorageError> {
+        let signature = stored.meta.signature();
+        let bytes = codec::encode(stored)
+            .map_err(|e| StorageIOError::write_snapshot(Some(signature.clone()), &e))?;
+        let inner = self.inner.clone();
+        let written = tokio::task::spawn_blocking(move || {
+            inner.snapshots.insert(CURRENT_KEY, bytes)?;
+            inner.db.flush().map(|_| ())
+        })
+        .await
+        .map_err(|e| StorageIOError::write_snapshot(Some(signature.clone()), &e))?;
+        written.map_err(|e| StorageIOError::write_snapshot(Some(signature), &e).into())
+    }
+}
+
+fn applied_from_body(body: SnapshotBody) -> Applied {
+    Applied {
+        state: FleetState::from_image(body.image),
+        last_applied: body.last_applied,
+        membership: body.membership,
+    }
+}
+
+impl RaftSnapshotBuilder<TypeConfig> for StateMachineStore {
+    async fn build_snapshot(&mut self) -> Result<Snapshot, StorageError> {
+        let body = {
+            let applied = self.lock();
+            SnapshotBody {
+                last_applied: applied.last_applied,
+                membership: applied.membership.clone(),
+                image: applied.state.image(),
+            }
+        };
+        let seq = self.inner.snapshot_seq.fetch_add(1, Ordering::Relaxed);
+        let snapshot_id = match body.last_applied {
+            Some(log_id) => format!("{}-{}-{seq}", log_id.leader_id, log_id.index),
+            None => format!("empty-{seq}"),
+        };
+        let meta = SnapshotMeta {
+            last_log_id: body.last_applied,
+            last_membership: body.membership.clone(),
+            snapshot_id,
+        };
+        let data = tokio::task::spawn_blocking(move || snapshot::encode(&body))
+            .await
+            .map_err(|e| StorageIOError::write_snapshot(Some(meta.signature()), &e))?
+            .map_err(|e| StorageIOError::write_snapshot(Some(meta.signature()), &e))?;
+        let stored = StoredSnapshot { meta, data };
+        self.persist(&stored).await?;
+        tracing::info!(snapshot_id = %stored.meta.snapshot_id, size_bytes = stored.data.len(), "snapshot built");
+        Ok(Snapshot {
+            meta: stored.meta,
+            snapshot: Box::new(Cursor::new(stored.data)),
+        })
+    }
+}
+
+impl RaftStateMachine<TypeConfig> for StateMachineStore {
+    type SnapshotBuilder = Self;
+
+    async fn applied_state(&mut self) -> Result<(Option<LogId>, StoredMembership), StorageError> {
+        let applied = self.lock();
+        Ok((applied.last_applied, applied.membership.clone()))
+    }
+
+    async fn apply<I>(&mut self, entries: I) -> Result<Vec<FleetResponse>, StorageError>
+    where
+        I: IntoIterator<Item = Entry> + Send,
+    {
+        let mut applied = self.lock();
+        let mut responses = Vec::new();
+        for entry in entries {
+            applied.last_applied = Some(entry.log_id);
+            let response = match entry.payload {
+                EntryPayload::Blank => FleetResponse::default(),
+                EntryPayload::Normal(request) => FleetResponse {
+                    answers: rules::apply_batch(
+                        &mut applied.state,
+                        &request.commands,
+                        request.now_us,
+                    ),
+                },
+                EntryPayload::Membership(membership) => {
+                    applied.membership = StoredMembership::new(Some(entry.log_id), membership);
+                    FleetResponse::default()
+                }
+            };
+            responses.push(response);
+        }
+        Ok(responses)
+    }
+
+    async fn get_snapshot_builder(&mut self) -> Self::SnapshotBuilder {
+        self.clone()
+    }
+
+    async fn begin_receiving_snapshot(&mut self) -> Result<Box<Cursor<Vec<u8>>>, StorageError> {
+        Ok(Box::new(Cursor::new(Vec::new())))
+    }
+
+    async fn install_snapshot(
+        &mut self,
+        meta: &SnapshotMeta,
+        snapshot: Box<Cursor<Vec<u8>>>,
+    ) -> Result<(), StorageError> {
+        let data = snapshot.into_inner();
+        let body = snapshot::decode(&data)
+            .map_err(|e| StorageIOError::read_snapshot(Some(meta.signature()), &e))?;
+        let stored = StoredSnapshot {
+            meta: meta.clone(),
+            data,
+        };
+        self.persist(&stored).await?;
+        let mut applied = applied_from_body(body);
+        // The meta is authoritative for what the snapshot covers.
+        applied.last_applied = meta.last_log_id;
+        applied.membership = meta.last_membership.clone();
+        *self.lock() = applied;
+        tracing::info!(snapshot_id = %meta.snapshot_id, "snapshot installed");
+        Ok(())
+    }
+
+    async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot>, StorageError> {
+        Ok(self.load_current()?.map(|stored| Snapshot {
+            meta: stored.meta,
+            snapshot: Box::new(Cursor::new(stored.data)),
+        }))
+    }
+}
+
+/// The member addresses a state machine's membership knows, voters first.
+pub fn members(membership: &StoredMembership) -> Vec<(NodeId, MemberNode, bool)> {
+    let config = membership.membership();
+    let voters: std::collections::BTreeSet<NodeId> = config.voter_ids().collect();
+    config
+        .nodes()
+        .map(|(id, node)| (*id, node.clone(), voters.contains(id)))
+        .collect()
+}

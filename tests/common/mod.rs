@@ -1,0 +1,333 @@
+//! Black-box harness: real `ankusa-fleet serve` processes on 127.0.0.1 ports picked free,
+//! each with its own data dir, driven over the public gRPC API. Every wait has a deadline;
+//! nothing sleeps and hopes.
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use ankusa_fleet::pb;
+use ankusa_fleet::pb::fleet_client::FleetClient;
+use tokio::time::Instant;
+use tonic::transport::Channel;
+
+/// Generous deadline for cluster-level conditions on a loaded 2-core machine.
+pub const CONDITION_DEADLINE: Duration = Duration::from_secs(30);
+/// Per-call timeout the tests ask for: long enough that a loaded machine still commits.
+pub const CALL_TIMEOUT_MS: u32 = 10_000;
+
+pub fn init_tracing() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::new("info,openraft=warn"))
+        .with_test_writer()
+        .try_init();
+}
+
+/// A port nobody listens on right now (bound on port 0, then released).
+pub fn free_port() -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind port 0");
+    listener.local_addr().expect("local addr").port()
+}
+
+#[derive(Clone, Debug)]
+pub struct NodeSpec {
+    pub id: u64,
+    pub api_addr: String,
+    pub raft_addr: String,
+}
+
+pub struct TestNode {
+    pub spec: NodeSpec,
+    pub config_path: PathBuf,
+    pub log_path: PathBuf,
+    child: Option<Child>,
+}
+
+impl TestNode {
+    pub fn is_running(&self) -> bool {
+        self.child.is_some()
+    }
+}
+
+/// A fleet of node processes sharing one temp dir.
+pub struct Fleet {
+    pub dir: tempfile::TempDir,
+    pub nodes: BTreeMap<u64, TestNode>,
+    pub initial: Vec<NodeSpec>,
+}
+
+fn spec(id: u64) -> NodeSpec {
+    NodeSpec {
+        id,
+        api_addr: format!("127.0.0.1:{}", free_port()),
+        raft_addr: format!("127.0.0.1:{}", free_port()),
+    }
+}
+
+fn config_text(
+    node: &NodeSpec,
+    data_dir: &std::path::Path,
+    members: &[NodeSpec],
+    extra: &str,
+) -> String {
+    let mut text = format!(
+        "node_id = {}\napi_addr = \"{}\"\nraft_addr = \"{}\"\ndata_dir = {:?}\n{extra}\n",
+        node.id,
+        node.api_addr,
+        node.raft_addr,
+        data_dir.display().to_string()
+    );
+    for member in members {
+        text.push_str(&format!(
+            "\n[[members]]\nid = {}\napi_addr = \"{}\"\nraft_addr = \"{}\"\n",
+            member.id, member.api_addr, member.raft_addr
+        ));
+    }
+    text
+}
+
+impl Fleet {
+    /// Starts `n` initial voters; `extra` is appended to every config (optional keys).
+    pub async fn start(n: u64, extra: &str) -> Fleet {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let initial: Vec<NodeSpec> = (1..=n).map(spec).collect();
+        let mut fleet = Fleet {
+            dir,
+            nodes: BTreeMap::new(),
+            initial: initial.clone(),
+        };
+        for node in &initial {
+            fleet.add_process(node.clone(), &initial, extra);
+        }
+        fleet
+    }
+
+    /// Writes a config and starts a node process (a joining node passes `members = []`).
+    pub fn add_process(&mut self, node: NodeSpec, members: &[NodeSpec], extra: &str) {
+        let data_dir = self.dir.path().join(format!("node{}", node.id));
+        let config_path = self.dir.path().join(format!("node{}.toml", node.id));
+        std::fs::write(&config_path, config_text(&node, &data_dir, members, extra))
+            .expect("write config");
+        let log_path = self.dir.path().join(format!("node{}.log", node.id));
+        let mut test_node = TestNode {
+            spec: node.clone(),
+            config_path,
+            log_path,
+            child: None,
+        };
+        spawn(&mut test_node);
+        self.nodes.insert(node.id, test_node);
+    }
+
+    /// A spec for a new node with fresh ports.
+    pub fn new_spec(&self, id: u64) -> NodeSpec {
+        spec(id)
+    }
+
+    /// SIGKILL: no shutdown, no flush.
+    pub fn kill(&mut self, id: u64) {
+        let node = self.nodes.get_mut(&id).expect("known node");
+        if let Some(mut child) = node.child.take() {
+            child.kill().expect("kill -9");
+            child.wait().expect("reap");
+        }
+    }
+
+    /// Starts a killed node again from its data dir, same ports.
+    pub fn restart(&mut self, id: u64) {
+        let node = self.nodes.get_mut(&id).expect("known node");
+        assert!(node.child.is_none(), "node {id} still runs");
+        spawn(node);
+    }
+
+    pub fn api_addr(&self, id: u64) -> String {
+        self.nodes[&id].spec.api_addr.clone()
+    }
+
+    pub async fn client(&self, id: u64) -> FleetClient<Channel> {
+        connect(&self.api_addr(id)).await
+    }
+
+    pub async fn status(&self, id: u64) -> Option<pb::StatusResponse> {
+        let endpoint = Channel::from_shared(format!("http://{}", self.api_addr(id))).ok()?;
+        let channel = endpoint
+            .connect_timeout(Duration::from_millis(500))
+            .connect()
+            .await
+            .ok()?;
+        let mut client = FleetClient::new(channel);
+        let call = client.status(pb::StatusRequest {});
+        let response = tokio::time::timeout(Duration::from_secs(2), call)
+            .await
+            .ok()?
+            .ok()?;
+        Some(response.into_inner())
+    }
+
+    /// Waits until every running node among `ids` names the same leader; returns it.
+    pub async fn wait_for_leader(&self, ids: &[u64]) -> u64 {
+        self.wait_for("one leader known to all", || async {
+            let mut leaders = Vec::new();
+            for id in ids {
+                leaders.push(self.status(*id).await?.leader_id);
+            }
+            let first = *leaders.first()?;
+            (first != 0 && leaders.iter().all(|l| *l == first)).then_some(first)
+        })
+        .await
+    }
+
+    /// Waits until `check` yields `Some`, or panics with the node logs at the deadline.
+    pub async fn wait_for<T, F, Fut>(&self, what: &str, mut check: F) -> T
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = Option<T>>,
+    {
+        let deadline = Instant::now() + CONDITION_DEADLINE;
+        loop {
+            if let Some(value) = check().await {
+                return value;
+            }
+            if Instant::now() > deadline {
+                self.dump_logs();
+                panic!("timed out waiting for: {what}");
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    pub fn dump_logs(&self) {
+        for node in self.nodes.values() {
+            let log = std::fs::read_to_string(&node.log_path).unwrap_or_default();
+            let tail: Vec<&str> = log.lines().rev().take(40).collect();
+            eprintln!("---- node {} log (last 40 lines) ----", node.spec.id);
+            for line in tail.into_iter().rev() {
+                eprintln!("{line}");
+            }
+        }
+    }
+}
+
+impl Drop for Fleet {
+    fn drop(&mut self) {
+        for node in self.nodes.values_mut() {
+            if let Some(mut child) = node.child.take() {
+                let _ = child.kill();
+                let _ = child.wait();
+            }
+        }
+    }
+}
+
+fn spawn(node: &mut TestNode) {
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&node.log_path)
+        .expect("open log");
+    let child = Command::new(env!("CARGO_BIN_EXE_ankusa-fleet"))
+        .args(["serve", "--config"])
+        .arg(&node.config_path)
+        .env("RUST_LOG", "info,openraft=warn")
+        .stdout(Stdio::from(log.try_clone().expect("log")))
+        .stderr(Stdio::from(log))
+        .spawn()
+        .expect("spawn node");
+    node.child = Some(child);
+}
+
+pub async fn connect(api_addr: &str) -> FleetClient<Channel> {
+    let deadline = Instant::now() + CONDITION_DEADLINE;
+    loop {
+        if let Ok(client) = FleetClient::connect(format!("http://{api_addr}")).await {
+            return client;
+        }
+        assert!(Instant::now() < deadline, "cannot connect to {api_addr}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+// ---- request builders ----
+
+pub fn hooks(tenant: &str, increment_us: u64, capacity_us: u64) -> pb::Charge {
+    pb::Charge {
+        kind: pb::Kind::Hooks as i32,
+        tenant: tenant.to_owned(),
+        increment_us,
+        capacity_us,
+    }
+}
+
+pub fn claim(tenant: &str, key: &str, hook_id: &str) -> pb::Claim {
+    pb::Claim {
+        tenant: tenant.to_owned(),
+        source_id: "stripe".to_owned(),
+        key: key.to_owned(),
+        hook_id: hook_id.to_owned(),
+        ttl_ms: 3_600_000,
+        pending_ttl_ms: 60_000,
+    }
+}
+
+pub fn hit(charges: Vec<pb::Charge>, claim: Option<pb::Claim>) -> pb::HitRequest {
+    pb::HitRequest {
+        charges,
+        claim,
+        timeout_ms: CALL_TIMEOUT_MS,
+        rate_limit_scope: pb::Scope::Fleet as i32,
+        dedupe_scope: pb::Scope::Fleet as i32,
+    }
+}
+
+pub fn settle(
+    tenant: &str,
+    key: &str,
+    hook_id: &str,
+    outcome: pb::SettleOutcome,
+) -> pb::SettleRequest {
+    pb::SettleRequest {
+        tenant: tenant.to_owned(),
+        source_id: "stripe".to_owned(),
+        key: key.to_owned(),
+        hook_id: hook_id.to_owned(),
+        outcome: outcome as i32,
+        timeout_ms: CALL_TIMEOUT_MS,
+        dedupe_scope: pb::Scope::Fleet as i32,
+        ttl_ms: 0,
+    }
+}
+
+/// The outcome of a hit, flattened for assertions.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    Allowed,
+    Duplicate(String),
+    Pending(u64),
+    RateLimited(u64),
+}
+
+pub fn outcome(response: &pb::HitResponse) -> Outcome {
+    use pb::hit_response::Outcome as O;
+    match response.outcome.as_ref().expect("an outcome") {
+        O::Allowed(_) => Outcome::Allowed,
+        O::Duplicate(d) => Outcome::Duplicate(d.hook_id.clone()),
+        O::Pending(p) => Outcome::Pending(p.retry_after_ms),
+        O::RateLimited(r) => Outcome::RateLimited(r.retry_after_ms),
+    }
+}
+
+/// Sends a hit and returns its outcome and who decided it.
+pub async fn send_hit(
+    client: &mut FleetClient<Channel>,
+    request: pb::HitRequest,
+) -> (Outcome, i32) {
+    let response = client
+        .hit(request)
+        .await
+        .expect("hit answered")
+        .into_inner();
+    (outcome(&response), response.decided_by)
+}

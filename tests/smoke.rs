@@ -1,0 +1,43 @@
+//! The shortest path through a real fleet: three processes elect a leader, a hit through a
+//! follower is committed and its claim is visible from every node.
+
+mod common;
+
+use ankusa_fleet::pb;
+use common::*;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hit_through_a_follower_is_seen_by_every_node() {
+    init_tracing();
+    let fleet = Fleet::start(3, "").await;
+    tracing::info!("--- wait for the fleet to elect a leader");
+    let leader = fleet.wait_for_leader(&[1, 2, 3]).await;
+    let follower = (1..=3).find(|id| *id != leader).expect("a follower");
+
+    tracing::info!("--- claim a key through follower {follower}");
+    let mut client = fleet.client(follower).await;
+    let request = hit(
+        vec![hooks("acme", 100_000, 1_000_000)],
+        Some(claim("acme", "evt_1", "hook-a")),
+    );
+    let (answer, decided_by) = send_hit(&mut client, request).await;
+    assert_eq!(answer, Outcome::Allowed);
+    assert_eq!(decided_by, pb::DecidedBy::Fleet as i32);
+    let settled = client
+        .settle(settle("acme", "evt_1", "hook-a", pb::SettleOutcome::Commit))
+        .await
+        .expect("settle")
+        .into_inner();
+    assert_eq!(settled.status, pb::SettleStatus::Settled as i32);
+
+    tracing::info!("--- every node answers duplicate at once");
+    for id in 1..=3 {
+        let mut client = fleet.client(id).await;
+        let (answer, _) = send_hit(
+            &mut client,
+            hit(vec![], Some(claim("acme", "evt_1", "hook-b"))),
+        )
+        .await;
+        assert_eq!(answer, Outcome::Duplicate("hook-a".to_owned()), "node {id}");
+    }
+}
