@@ -9,7 +9,8 @@
 //! commit holding the data was made with [`Durability::Immediate`] (an fsync). Raft's
 //! safety rests on that: a vote or a log entry that a peer was told about must survive a
 //! crash. It must never leave a hole in the log either: appends that are not contiguous
-//! with the stored log are refused, and reads check the indexes they return.
+//! with the stored log are refused (entries at or below the purge point are dropped, they
+//! are already in a snapshot), and reads check the indexes they return.
 //!
 //! All redb work runs in [`tokio::task::spawn_blocking`], so the async runtime is never
 //! blocked by an fsync.
@@ -113,7 +114,7 @@ impl LogStore {
     ///
     /// # Errors
     /// When the file cannot be opened or created, or is already open in another process.
-    pub fn open(path: &Path) -> Result<LogStore> {
+    pub fn open(path: &Path) -> Result<LogStore, LogStoreError> {
         let open_error = |source: Box<redb::Error>| LogStoreError::Open {
             path: path.to_path_buf(),
             source,
@@ -206,18 +207,48 @@ fn store_meta<T: Serialize>(
     Ok(())
 }
 
-/// The index the next appended entry must have; `None` for a store that never held an
-/// entry, which may start anywhere (openraft starts at 0, its test suite elsewhere).
-fn next_index<L, M>(log: &L, meta: &M) -> Result<Option<u64>>
-where
-    L: ReadableTable<u64, &'static [u8]>,
-    M: ReadableTable<&'static str, &'static [u8]>,
-{
-    if let Some((index, _)) = log.last()? {
-        return Ok(Some(index.value() + 1));
+/// Where an append may write, read inside its write transaction.
+struct AppendPoint {
+    /// The index the next stored entry must have; `None` for a store that never held an
+    /// entry, which may start anywhere (openraft starts at 0, its test suite elsewhere).
+    next_index: Option<u64>,
+    last_purged_index: Option<u64>,
+}
+
+impl AppendPoint {
+    fn read<L, M>(log: &L, meta: &M) -> Result<AppendPoint>
+    where
+        L: ReadableTable<u64, &'static [u8]>,
+        M: ReadableTable<&'static str, &'static [u8]>,
+    {
+        let last_purged: Option<LogId> = read_meta(meta, LAST_PURGED_KEY)?;
+        let last_purged_index = last_purged.map(|log_id| log_id.index);
+        let last_stored_index = log.last()?.map(|(index, _)| index.value());
+        let next_index = last_stored_index
+            .or(last_purged_index)
+            .map(|index| index + 1);
+        Ok(AppendPoint {
+            next_index,
+            last_purged_index,
+        })
     }
-    let last_purged: Option<LogId> = read_meta(meta, LAST_PURGED_KEY)?;
-    Ok(last_purged.map(|log_id| log_id.index + 1))
+
+    /// Whether the entry at `index` is to be stored (`true`) or skipped as already purged
+    /// (`false`: it is committed and in a snapshot, so by log matching it is the entry that
+    /// was purged; openraft's storage suite does this). Anything else is a hole: refused.
+    fn admit(&mut self, index: u64) -> Result<bool> {
+        if self.last_purged_index.is_some_and(|purged| index <= purged) {
+            return Ok(false);
+        }
+        if let Some(expected_index) = self.next_index.filter(|&want| want != index) {
+            return Err(LogStoreError::AppendGap {
+                expected_index,
+                got_index: index,
+            });
+        }
+        self.next_index = Some(index + 1);
+        Ok(true)
+    }
 }
 
 /// Appends `entries` in one durable transaction, refusing any that would leave a hole.
@@ -228,17 +259,12 @@ fn append_durably(db: &Database, entries: &[Entry]) -> Result<()> {
     let txn = durable_write(db)?;
     {
         let mut log = txn.open_table(LOG_TABLE)?;
-        let mut expected_index = next_index(&log, &txn.open_table(META_TABLE)?)?;
+        let mut point = AppendPoint::read(&log, &txn.open_table(META_TABLE)?)?;
         for entry in entries {
-            let got_index = entry.log_id.index;
-            if let Some(expected_index) = expected_index.filter(|&want| want != got_index) {
-                return Err(LogStoreError::AppendGap {
-                    expected_index,
-                    got_index,
-                });
+            if point.admit(entry.log_id.index)? {
+                let bytes = encode_as(entry, "log entry")?;
+                log.insert(entry.log_id.index, bytes.as_slice())?;
             }
-            log.insert(got_index, encode_as(entry, "log entry")?.as_slice())?;
-            expected_index = Some(got_index + 1);
         }
     }
     txn.commit()?;
@@ -710,8 +736,21 @@ mod tests {
         assert_eq!(store.try_get_log_entries(..).await.expect("read"), first);
 
         store.purge(log_id(1, 7)).await.expect("purge");
-        let stale = store.blocking_append(vec![request_entry(1, 3)]).await;
-        assert!(stale.is_err(), "append before the purge point accepted");
+        let purged_again = vec![
+            request_entry(1, 6),
+            request_entry(1, 7),
+            request_entry(1, 8),
+        ];
+        store
+            .blocking_append(purged_again)
+            .await
+            .expect("append over the purge point");
+        let stored = store.try_get_log_entries(..).await.expect("read");
+        assert_eq!(
+            stored,
+            vec![request_entry(1, 8)],
+            "purged entries must not come back"
+        );
         assert!(store.truncate(log_id(1, 7)).await.is_err());
     }
 

@@ -25,17 +25,25 @@ enum Expiring {
     Claim(ClaimKey),
 }
 
+/// A stored value and the deadline of its one responsible entry in the expiry queue.
+#[derive(Clone, Debug)]
+struct Slot<V> {
+    value: V,
+    queued_us: u64,
+}
+
 /// The live state of buckets and claims, plus the clock the log has reached.
 ///
 /// Expired entries are dropped as the clock passes them (see [`FleetState::advance_clock`]),
-/// so memory follows live state, not history.
+/// so memory follows live state, not history: each stored item has exactly one responsible
+/// entry in the expiry queue (its `queued_us`), re-queued lazily when the item was extended.
 #[derive(Clone, Debug, Default)]
 pub struct FleetState {
     clock_us: u64,
-    buckets: HashMap<BucketKey, u64>,
-    claims: HashMap<ClaimKey, ClaimRecord>,
-    /// Min-heap of (deadline, item); an item may appear several times, only the entry whose
-    /// deadline matches the live record removes it.
+    buckets: HashMap<BucketKey, Slot<u64>>,
+    claims: HashMap<ClaimKey, Slot<ClaimRecord>>,
+    /// Min-heap of (deadline, item). Entries whose deadline is not the item's `queued_us`
+    /// are stale (the item was removed and re-inserted) and are dropped when popped.
     expiry: BinaryHeap<Reverse<(u64, Expiring)>>,
 }
 
@@ -57,7 +65,7 @@ impl FleetState {
     pub fn bucket_tat_us(&self, bucket: &BucketKey) -> Option<u64> {
         self.buckets
             .get(bucket)
-            .copied()
+            .map(|slot| slot.value)
             .filter(|tat_us| *tat_us > self.clock_us)
     }
 
@@ -65,6 +73,7 @@ impl FleetState {
     pub fn claim(&self, key: &ClaimKey) -> Option<&ClaimRecord> {
         self.claims
             .get(key)
+            .map(|slot| &slot.value)
             .filter(|record| record.expires_at_us > self.clock_us)
     }
 
@@ -97,32 +106,88 @@ impl FleetState {
     }
 
     fn sweep(&mut self, deadline_us: u64, item: Expiring) {
+        let clock_us = self.clock_us;
         match item {
             Expiring::Bucket(bucket) => {
-                if self.buckets.get(&bucket) == Some(&deadline_us) {
+                let Some(slot) = self.buckets.get_mut(&bucket) else {
+                    return;
+                };
+                if slot.queued_us != deadline_us {
+                    return;
+                }
+                if slot.value <= clock_us {
                     self.buckets.remove(&bucket);
+                } else {
+                    slot.queued_us = slot.value;
+                    self.expiry
+                        .push(Reverse((slot.value, Expiring::Bucket(bucket))));
                 }
             }
             Expiring::Claim(key) => {
-                if self.claims.get(&key).map(|r| r.expires_at_us) == Some(deadline_us) {
+                let Some(slot) = self.claims.get_mut(&key) else {
+                    return;
+                };
+                if slot.queued_us != deadline_us {
+                    return;
+                }
+                let expires_at_us = slot.value.expires_at_us;
+                if expires_at_us <= clock_us {
                     self.claims.remove(&key);
+                } else {
+                    slot.queued_us = expires_at_us;
+                    self.expiry
+                        .push(Reverse((expires_at_us, Expiring::Claim(key))));
                 }
             }
         }
     }
 
+    /// Stores a bucket's TAT; queues an expiry entry only for a new bucket or an earlier
+    /// deadline (a later one is re-queued when the current entry pops).
     fn set_bucket(&mut self, bucket: BucketKey, tat_us: u64) {
-        self.expiry
-            .push(Reverse((tat_us, Expiring::Bucket(bucket.clone()))));
-        self.buckets.insert(bucket, tat_us);
+        match self.buckets.get_mut(&bucket) {
+            Some(slot) => {
+                slot.value = tat_us;
+                if tat_us < slot.queued_us {
+                    slot.queued_us = tat_us;
+                    self.expiry
+                        .push(Reverse((tat_us, Expiring::Bucket(bucket))));
+                }
+            }
+            None => {
+                self.expiry
+                    .push(Reverse((tat_us, Expiring::Bucket(bucket.clone()))));
+                let slot = Slot {
+                    value: tat_us,
+                    queued_us: tat_us,
+                };
+                self.buckets.insert(bucket, slot);
+            }
+        }
     }
 
+    /// Stores a claim, queueing its expiry like [`FleetState::set_bucket`] does.
     fn set_claim(&mut self, key: ClaimKey, record: ClaimRecord) {
-        self.expiry.push(Reverse((
-            record.expires_at_us,
-            Expiring::Claim(key.clone()),
-        )));
-        self.claims.insert(key, record);
+        let expires_at_us = record.expires_at_us;
+        match self.claims.get_mut(&key) {
+            Some(slot) => {
+                slot.value = record;
+                if expires_at_us < slot.queued_us {
+                    slot.queued_us = expires_at_us;
+                    self.expiry
+                        .push(Reverse((expires_at_us, Expiring::Claim(key))));
+                }
+            }
+            None => {
+                self.expiry
+                    .push(Reverse((expires_at_us, Expiring::Claim(key.clone()))));
+                let slot = Slot {
+                    value: record,
+                    queued_us: expires_at_us,
+                };
+                self.claims.insert(key, slot);
+            }
+        }
     }
 
     /// Sets a bucket's TAT directly (the local fallback seeds its buckets this way).
@@ -140,14 +205,14 @@ impl FleetState {
             buckets: self
                 .buckets
                 .iter()
-                .filter(|(_, tat_us)| **tat_us > clock_us)
-                .map(|(k, v)| (k.clone(), *v))
+                .filter(|(_, slot)| slot.value > clock_us)
+                .map(|(k, slot)| (k.clone(), slot.value))
                 .collect(),
             claims: self
                 .claims
                 .iter()
-                .filter(|(_, r)| r.expires_at_us > clock_us)
-                .map(|(k, v)| (k.clone(), v.clone()))
+                .filter(|(_, slot)| slot.value.expires_at_us > clock_us)
+                .map(|(k, slot)| (k.clone(), slot.value.clone()))
                 .collect(),
         }
     }
