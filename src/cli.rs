@@ -147,8 +147,10 @@ pub async fn dev(data_root: &Path) -> anyhow::Result<()> {
         "Status: ankusa-fleet cluster status --addr {}   (Ctrl-C stops the fleet)",
         api_addrs[0]
     );
+    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     tokio::select! {
         _ = tokio::signal::ctrl_c() => println!("stopping the fleet"),
+        _ = terminate.recv() => println!("stopping the fleet"),
         exited = watch_children(&mut children) => bail!("a node exited: {exited}"),
     }
     Ok(())

@@ -26,6 +26,7 @@
 #![allow(clippy::result_large_err)]
 
 pub mod api;
+pub mod bench;
 pub mod cli;
 pub mod codec;
 pub mod config;

@@ -7,7 +7,7 @@ use clap::{Parser, Subcommand};
 
 use ankusa_fleet::config::NodeConfig;
 use ankusa_fleet::pb::internal::AddMemberRequest;
-use ankusa_fleet::{cli, server};
+use ankusa_fleet::{bench, cli, server};
 
 #[derive(Parser)]
 #[command(
@@ -31,6 +31,30 @@ enum Cmd {
         /// Where the nodes keep their data, configs and logs.
         #[arg(long, default_value = "data/dev")]
         data_dir: PathBuf,
+    },
+    /// Closed-loop load against a running fleet; prints a JSON summary.
+    Bench {
+        /// Node API addresses, comma-separated; callers are spread over them.
+        #[arg(
+            long,
+            value_delimiter = ',',
+            default_value = "127.0.0.1:7101,127.0.0.1:7102,127.0.0.1:7103"
+        )]
+        addrs: Vec<String>,
+        #[arg(long, default_value_t = 64)]
+        callers: usize,
+        #[arg(long, default_value_t = 10)]
+        duration_s: u64,
+        #[arg(long, default_value_t = 1000)]
+        tenants: u64,
+        /// Commit each allowed hit's claim with a settle.
+        #[arg(long)]
+        settle: bool,
+        /// Use SCOPE_NODE for charges and claims (no Raft).
+        #[arg(long)]
+        node_scope: bool,
+        #[arg(long, default_value_t = 5000)]
+        timeout_ms: u32,
     },
     /// Inspect or change membership through any node.
     Cluster {
@@ -71,7 +95,11 @@ enum ClusterCmd {
 fn init_telemetry() {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,openraft=warn"));
-    tracing_subscriber::fmt().with_env_filter(filter).init();
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(ansi)
+        .init();
 }
 
 async fn serve(path: PathBuf) -> anyhow::Result<()> {
@@ -99,6 +127,28 @@ async fn main() -> anyhow::Result<()> {
             serve(config).await
         }
         Cmd::Dev { data_dir } => cli::dev(&data_dir).await,
+        Cmd::Bench {
+            addrs,
+            callers,
+            duration_s,
+            tenants,
+            settle,
+            node_scope,
+            timeout_ms,
+        } => {
+            let plan = bench::BenchPlan {
+                api_addrs: addrs,
+                callers,
+                duration: std::time::Duration::from_secs(duration_s),
+                tenants,
+                settle,
+                node_scope,
+                timeout_ms,
+            };
+            let summary = bench::run(plan).await?;
+            println!("{}", serde_json::to_string_pretty(&summary)?);
+            Ok(())
+        }
         Cmd::Cluster { command } => match command {
             ClusterCmd::Status { addr } => {
                 cli::print_status(&cli::status(&addr).await?);

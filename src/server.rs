@@ -206,6 +206,20 @@ async fn form_cluster_once(raft: &Raft, config: &NodeConfig) -> Result<(), Start
     Ok(())
 }
 
+/// Accepted connections with Nagle's algorithm off: small request/answer messages would
+/// otherwise wait for delayed ACKs (about 40 ms on Linux). `Server::tcp_nodelay` only
+/// applies to listeners tonic binds itself, not to an incoming stream.
+fn incoming(
+    listener: TcpListener,
+) -> impl tokio_stream::Stream<Item = std::io::Result<tokio::net::TcpStream>> {
+    use tokio_stream::StreamExt;
+    TcpListenerStream::new(listener).map(|accepted| {
+        let stream = accepted?;
+        stream.set_nodelay(true)?;
+        Ok(stream)
+    })
+}
+
 async fn until_stopped(mut stopped: watch::Receiver<bool>) {
     let _ = stopped.wait_for(|stop| *stop).await;
 }
@@ -223,9 +237,8 @@ fn serve_peers(
         .max_encoding_message_size(PEER_MESSAGE_BYTES_MAX);
     async move {
         let served = Server::builder()
-            .tcp_nodelay(true)
             .add_service(server)
-            .serve_with_incoming_shutdown(TcpListenerStream::new(listener), until_stopped(stopped))
+            .serve_with_incoming_shutdown(incoming(listener), until_stopped(stopped))
             .await;
         if let Err(e) = served {
             tracing::error!(error = %e, "raft server stopped");
@@ -251,11 +264,10 @@ fn serve_api(
             .set_serving::<pb::fleet_server::FleetServer<FleetService>>()
             .await;
         let served = Server::builder()
-            .tcp_nodelay(true)
             .add_service(health_service)
             .add_service(fleet)
             .add_service(admin)
-            .serve_with_incoming_shutdown(TcpListenerStream::new(listener), until_stopped(stopped))
+            .serve_with_incoming_shutdown(incoming(listener), until_stopped(stopped))
             .await;
         if let Err(e) = served {
             tracing::error!(error = %e, "api server stopped");

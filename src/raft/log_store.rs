@@ -97,6 +97,9 @@ type Result<T, E = LogStoreError> = std::result::Result<T, E>;
 #[derive(Clone)]
 pub struct LogStore {
     db: Arc<Database>,
+    /// The latest committed id openraft reported, not yet written; the next append's
+    /// transaction carries it to disk (see [`RaftLogStorage::save_committed`] below).
+    committed: Arc<std::sync::Mutex<Option<Option<LogId>>>>,
 }
 
 impl Debug for LogStore {
@@ -124,7 +127,10 @@ impl LogStore {
             LogStoreError::Redb { source } => open_error(source),
             other => other,
         })?;
-        Ok(LogStore { db: Arc::new(db) })
+        Ok(LogStore {
+            db: Arc::new(db),
+            committed: Arc::default(),
+        })
     }
 
     /// Runs `work` on the blocking pool: redb commits fsync and must not stall the runtime.
@@ -137,6 +143,18 @@ impl LogStore {
         tokio::task::spawn_blocking(move || work(&db)).await?
     }
 
+    fn committed_slot(&self) -> std::sync::MutexGuard<'_, Option<Option<LogId>>> {
+        // Only ever holds a plain value; a panic elsewhere cannot leave it half-written.
+        match self.committed.lock() {
+            Ok(guard) => guard,
+            Err(poisoned) => poisoned.into_inner(),
+        }
+    }
+
+    fn take_committed(&self) -> Option<Option<LogId>> {
+        self.committed_slot().take()
+    }
+
     /// Writes `entries` durably, then calls `on_durable`; never the other way round, since
     /// the callback tells openraft the entries may be counted towards a quorum.
     async fn append_then_notify(
@@ -144,7 +162,10 @@ impl LogStore {
         entries: Vec<Entry>,
         on_durable: impl FnOnce(io::Result<()>),
     ) -> Result<()> {
-        let result = self.blocking(move |db| append_durably(db, &entries)).await;
+        let committed = self.take_committed();
+        let result = self
+            .blocking(move |db| append_durably(db, &entries, committed))
+            .await;
         match &result {
             Ok(()) => on_durable(Ok(())),
             Err(error) => on_durable(Err(io::Error::other(error.to_string()))),
@@ -252,11 +273,20 @@ impl AppendPoint {
 }
 
 /// Appends `entries` in one durable transaction, refusing any that would leave a hole.
-fn append_durably(db: &Database, entries: &[Entry]) -> Result<()> {
-    if entries.is_empty() {
+fn append_durably(
+    db: &Database,
+    entries: &[Entry],
+    committed: Option<Option<LogId>>,
+) -> Result<()> {
+    if entries.is_empty() && committed.is_none() {
         return Ok(());
     }
     let txn = durable_write(db)?;
+    if let Some(committed) = committed {
+        let bytes = encode_as(&committed, COMMITTED_KEY)?;
+        txn.open_table(META_TABLE)?
+            .insert(COMMITTED_KEY, bytes.as_slice())?;
+    }
     {
         let mut log = txn.open_table(LOG_TABLE)?;
         let mut point = AppendPoint::read(&log, &txn.open_table(META_TABLE)?)?;
@@ -427,17 +457,19 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             .map_err(|e| StorageIOError::read_vote(&e).into())
     }
 
-    /// Not fsynced (`Durability::None`): the committed id is only a hint that lets a
-    /// restarted node re-apply sooner. Losing it in a crash leaves an older (smaller) value,
-    /// which is always safe; openraft learns the real one from the leader. The next durable
-    /// commit (any append) persists it anyway, as redb commits are ordered.
+    /// Kept in memory and written by the next append's transaction: no transaction of its
+    /// own on the hot path. The committed id is only a hint that lets a restarted node
+    /// re-apply sooner; losing the latest one in a crash leaves an older (smaller) value,
+    /// which is always safe, and openraft learns the real one from the leader.
     async fn save_committed(&mut self, committed: Option<LogId>) -> Result<(), StorageError> {
-        self.blocking(move |db| store_meta(db, COMMITTED_KEY, &committed, Durability::None))
-            .await
-            .map_err(|e| StorageIOError::write(&e).into())
+        *self.committed_slot() = Some(committed);
+        Ok(())
     }
 
     async fn read_committed(&mut self) -> Result<Option<LogId>, StorageError> {
+        if let Some(committed) = *self.committed_slot() {
+            return Ok(committed);
+        }
         let stored: Option<Option<LogId>> = self
             .blocking(|db| load_meta(db, COMMITTED_KEY))
             .await

@@ -1,0 +1,221 @@
+//! `ankusa-fleet bench`: closed-loop load against a running fleet. N callers spread over
+//! the given nodes send hits (one charge + one unique claim each, many tenants), optionally
+//! settle each allowed hit, and report HDR-histogram latencies, a live progress line and a
+//! JSON summary. A benchmark, never a test: it asserts nothing.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use hdrhistogram::Histogram;
+use serde::Serialize;
+use tonic::transport::Channel;
+
+use crate::pb;
+use crate::pb::fleet_client::FleetClient;
+
+/// What to run.
+#[derive(Clone, Debug)]
+pub struct BenchPlan {
+    pub api_addrs: Vec<String>,
+    pub callers: usize,
+    pub duration: Duration,
+    pub tenants: u64,
+    pub settle: bool,
+    pub node_scope: bool,
+    pub timeout_ms: u32,
+}
+
+/// The JSON summary printed at the end.
+#[derive(Debug, Default, Serialize)]
+pub struct BenchSummary {
+    pub callers: usize,
+    pub nodes: usize,
+    pub duration_s: f64,
+    pub hits: u64,
+    pub hits_per_s: f64,
+    pub settles: u64,
+    pub allowed: u64,
+    pub not_allowed: u64,
+    pub decided_local: u64,
+    pub errors: u64,
+    pub p50_us: u64,
+    pub p90_us: u64,
+    pub p99_us: u64,
+    pub p999_us: u64,
+    pub max_us: u64,
+}
+
+#[derive(Default)]
+struct Counters {
+    hits: AtomicU64,
+    settles: AtomicU64,
+    allowed: AtomicU64,
+    not_allowed: AtomicU64,
+    decided_local: AtomicU64,
+    errors: AtomicU64,
+}
+
+fn histogram() -> Histogram<u64> {
+    // 1 µs .. 60 s at 3 significant digits; the bounds are constants, so this cannot fail.
+    Histogram::new_with_bounds(1, 60_000_000, 3).unwrap_or_else(|_| unreachable!("constant bounds"))
+}
+
+fn hit_request(plan: &BenchPlan, caller: usize, seq: u64) -> pb::HitRequest {
+    let tenant = format!(
+        "tenant-{}",
+        (caller as u64 * 7919 + seq) % plan.tenants.max(1)
+    );
+    let scope = if plan.node_scope {
+        pb::Scope::Node
+    } else {
+        pb::Scope::Fleet
+    } as i32;
+    pb::HitRequest {
+        charges: vec![pb::Charge {
+            kind: pb::Kind::Hooks as i32,
+            tenant: tenant.clone(),
+            increment_us: 1,
+            capacity_us: 1_000_000_000,
+        }],
+        claim: Some(pb::Claim {
+            tenant,
+            source_id: "bench".to_owned(),
+            key: format!("{caller}-{seq}-{}", std::process::id()),
+            hook_id: format!("hook-{caller}-{seq}"),
+            ttl_ms: 600_000,
+            pending_ttl_ms: 60_000,
+        }),
+        timeout_ms: plan.timeout_ms,
+        rate_limit_scope: scope,
+        dedupe_scope: scope,
+    }
+}
+
+async fn settle(
+    client: &mut FleetClient<Channel>,
+    request: &pb::HitRequest,
+    plan: &BenchPlan,
+) -> bool {
+    let Some(claim) = request.claim.as_ref() else {
+        return false;
+    };
+    let settle = pb::SettleRequest {
+        tenant: claim.tenant.clone(),
+        source_id: claim.source_id.clone(),
+        key: claim.key.clone(),
+        hook_id: claim.hook_id.clone(),
+        outcome: pb::SettleOutcome::Commit as i32,
+        timeout_ms: plan.timeout_ms,
+        dedupe_scope: request.dedupe_scope,
+        ttl_ms: 0,
+    };
+    client.settle(settle).await.is_ok()
+}
+
+async fn caller(
+    plan: Arc<BenchPlan>,
+    index: usize,
+    mut client: FleetClient<Channel>,
+    counters: Arc<Counters>,
+    until: Instant,
+) -> Histogram<u64> {
+    let mut latencies = histogram();
+    let mut seq = 0u64;
+    while Instant::now() < until {
+        seq += 1;
+        let request = hit_request(&plan, index, seq);
+        let started = Instant::now();
+        let answer = client.hit(request.clone()).await;
+        let _ = latencies.record(
+            u64::try_from(started.elapsed().as_micros())
+                .unwrap_or(u64::MAX)
+                .max(1),
+        );
+        counters.hits.fetch_add(1, Ordering::Relaxed);
+        let Ok(answer) = answer else {
+            counters.errors.fetch_add(1, Ordering::Relaxed);
+            continue;
+        };
+        let answer = answer.into_inner();
+        if answer.decided_by == pb::DecidedBy::Local as i32 && !plan.node_scope {
+            counters.decided_local.fetch_add(1, Ordering::Relaxed);
+        }
+        if matches!(answer.outcome, Some(pb::hit_response::Outcome::Allowed(_))) {
+            counters.allowed.fetch_add(1, Ordering::Relaxed);
+            if plan.settle && settle(&mut client, &request, &plan).await {
+                counters.settles.fetch_add(1, Ordering::Relaxed);
+            }
+        } else {
+            counters.not_allowed.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+    latencies
+}
+
+/// Runs the plan and returns the summary.
+///
+/// # Errors
+/// When a node cannot be reached at the start.
+pub async fn run(plan: BenchPlan) -> anyhow::Result<BenchSummary> {
+    let mut clients = Vec::new();
+    for addr in &plan.api_addrs {
+        let client = FleetClient::connect(format!("http://{addr}"))
+            .await
+            .with_context(|| format!("connecting to {addr}"))?;
+        clients.push(client);
+    }
+    let plan = Arc::new(plan);
+    let counters = Arc::new(Counters::default());
+    let started = Instant::now();
+    let until = started + plan.duration;
+    let tasks: Vec<_> = (0..plan.callers)
+        .map(|i| {
+            let client = clients[i % clients.len()].clone();
+            tokio::spawn(caller(plan.clone(), i, client, counters.clone(), until))
+        })
+        .collect();
+    let progress = tokio::spawn(progress(counters.clone(), started, until));
+    let mut latencies = histogram();
+    for task in tasks {
+        latencies.add(task.await?)?;
+    }
+    progress.abort();
+    eprintln!();
+    let elapsed_s = started.elapsed().as_secs_f64();
+    let hits = counters.hits.load(Ordering::Relaxed);
+    Ok(BenchSummary {
+        callers: plan.callers,
+        nodes: plan.api_addrs.len(),
+        duration_s: elapsed_s,
+        hits,
+        hits_per_s: hits as f64 / elapsed_s,
+        settles: counters.settles.load(Ordering::Relaxed),
+        allowed: counters.allowed.load(Ordering::Relaxed),
+        not_allowed: counters.not_allowed.load(Ordering::Relaxed),
+        decided_local: counters.decided_local.load(Ordering::Relaxed),
+        errors: counters.errors.load(Ordering::Relaxed),
+        p50_us: latencies.value_at_quantile(0.50),
+        p90_us: latencies.value_at_quantile(0.90),
+        p99_us: latencies.value_at_quantile(0.99),
+        p999_us: latencies.value_at_quantile(0.999),
+        max_us: latencies.max(),
+    })
+}
+
+async fn progress(counters: Arc<Counters>, started: Instant, until: Instant) {
+    let mut last_hits = 0;
+    while Instant::now() < until {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let hits = counters.hits.load(Ordering::Relaxed);
+        eprint!(
+            "\r{:>5.1}s  {:>8} hits  {:>8} hits/s  {} errors   ",
+            started.elapsed().as_secs_f64(),
+            hits,
+            hits - last_hits,
+            counters.errors.load(Ordering::Relaxed)
+        );
+        last_hits = hits;
+    }
+}
