@@ -674,7 +674,7 @@ mod tests {
         {
             let mut store = LogStore::open(&path).expect("open");
             store
-                .blocking_append(entries.clone())
+                .blocking_append(entries[..5].to_vec())
                 .await
                 .expect("append");
             store.save_vote(&Vote::new(3, 7)).await.expect("vote");
@@ -682,6 +682,11 @@ mod tests {
                 .save_committed(Some(log_id(1, 4)))
                 .await
                 .expect("committed");
+            // The committed id rides on the next append's transaction.
+            store
+                .blocking_append(entries[5..].to_vec())
+                .await
+                .expect("append");
         }
         let mut store = LogStore::open(&path).expect("reopen");
         assert_eq!(

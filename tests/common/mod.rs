@@ -331,3 +331,287 @@ pub async fn send_hit(
         .into_inner();
     (outcome(&response), response.decided_by)
 }
+
+// ---- helpers for the fault and membership tests ----
+
+/// The hook id the helpers below store for `key`.
+pub fn hook_of(key: &str) -> String {
+    format!("hook-{key}")
+}
+
+/// `n` distinct idempotency keys starting with `prefix`.
+pub fn keys(prefix: &str, n: usize) -> Vec<String> {
+    (0..n).map(|i| format!("{prefix}-{i}")).collect()
+}
+
+impl Fleet {
+    /// How many lines of node `id`'s log (all its runs) contain `needle`.
+    pub fn log_count(&self, id: u64, needle: &str) -> usize {
+        let log = std::fs::read_to_string(&self.nodes[&id].log_path).unwrap_or_default();
+        log.lines().filter(|line| line.contains(needle)).count()
+    }
+
+    /// Node `id`'s applied index, if it answers.
+    pub async fn last_applied(&self, id: u64) -> Option<u64> {
+        Some(self.status(id).await?.last_applied)
+    }
+
+    /// Panics with the node logs (the way `wait_for` does at its deadline).
+    pub fn fail(&self, why: &str) -> ! {
+        self.dump_logs();
+        panic!("{why}");
+    }
+
+    /// Claims and commits every key (hit, then settle commit, hook `hook_of(key)`), spread
+    /// round robin over the nodes in `via`, `concurrency` keys at a time. Every answer must
+    /// be `allowed` / `settled`, decided by the fleet.
+    pub async fn commit_claims(
+        &self,
+        via: &[u64],
+        tenant: &str,
+        keys: &[String],
+        concurrency: usize,
+    ) {
+        let clients = self.clients(via).await;
+        let failures = run_all(keys, concurrency, |i, key| {
+            let mut client = clients[i % clients.len()].clone();
+            async move { commit_claim(&mut client, tenant, &key).await }
+        })
+        .await;
+        if let Some(first) = failures.first() {
+            self.fail(&format!(
+                "{} claims not committed, first: {first}",
+                failures.len()
+            ));
+        }
+    }
+
+    /// Asserts that through node `id` every key answers `duplicate{hook_of(key)}`, decided
+    /// by the fleet (a probe with another hook id, so a lost claim would show as `allowed`).
+    pub async fn assert_duplicates(
+        &self,
+        id: u64,
+        tenant: &str,
+        keys: &[String],
+        concurrency: usize,
+    ) {
+        let client = self.client(id).await;
+        let failures = run_all(keys, concurrency, |_, key| {
+            let mut client = client.clone();
+            async move { probe_duplicate(&mut client, tenant, &key).await }
+        })
+        .await;
+        if let Some(first) = failures.first() {
+            self.fail(&format!(
+                "node {id}: {} of {} keys not duplicate, first: {first}",
+                failures.len(),
+                keys.len()
+            ));
+        }
+    }
+
+    async fn clients(&self, ids: &[u64]) -> Vec<FleetClient<Channel>> {
+        let mut clients = Vec::new();
+        for id in ids {
+            clients.push(self.client(*id).await);
+        }
+        clients
+    }
+}
+
+/// Runs `work` for every key, `concurrency` at a time; returns the failures.
+async fn run_all<F, Fut>(keys: &[String], concurrency: usize, work: F) -> Vec<String>
+where
+    F: Fn(usize, String) -> Fut,
+    Fut: std::future::Future<Output = Result<(), String>>,
+{
+    use futures::StreamExt;
+    let results: Vec<Result<(), String>> =
+        futures::stream::iter(keys.iter().enumerate().map(|(i, key)| work(i, key.clone())))
+            .buffer_unordered(concurrency.max(1))
+            .collect()
+            .await;
+    results.into_iter().filter_map(Result::err).collect()
+}
+
+async fn commit_claim(
+    client: &mut FleetClient<Channel>,
+    tenant: &str,
+    key: &str,
+) -> Result<(), String> {
+    let hook = hook_of(key);
+    let response = client
+        .hit(hit(vec![], Some(claim(tenant, key, &hook))))
+        .await
+        .map_err(|e| format!("hit {key}: {e}"))?
+        .into_inner();
+    let got = (outcome(&response), response.decided_by);
+    if got != (Outcome::Allowed, pb::DecidedBy::Fleet as i32) {
+        return Err(format!("hit {key}: {got:?}"));
+    }
+    let settled = client
+        .settle(settle(tenant, key, &hook, pb::SettleOutcome::Commit))
+        .await
+        .map_err(|e| format!("settle {key}: {e}"))?
+        .into_inner();
+    let got = (settled.status, settled.decided_by);
+    if got
+        != (
+            pb::SettleStatus::Settled as i32,
+            pb::DecidedBy::Fleet as i32,
+        )
+    {
+        return Err(format!("settle {key}: {got:?}"));
+    }
+    Ok(())
+}
+
+async fn probe_duplicate(
+    client: &mut FleetClient<Channel>,
+    tenant: &str,
+    key: &str,
+) -> Result<(), String> {
+    let response = client
+        .hit(hit(vec![], Some(claim(tenant, key, "hook-probe"))))
+        .await
+        .map_err(|e| format!("hit {key}: {e}"))?
+        .into_inner();
+    let got = (outcome(&response), response.decided_by);
+    if got
+        != (
+            Outcome::Duplicate(hook_of(key)),
+            pb::DecidedBy::Fleet as i32,
+        )
+    {
+        return Err(format!("{key}: {got:?}"));
+    }
+    Ok(())
+}
+
+// ---- helpers shared by the semantics and validation tests ----
+
+pub fn bytes(tenant: &str, increment_us: u64, capacity_us: u64) -> pb::Charge {
+    pb::Charge {
+        kind: pb::Kind::Bytes as i32,
+        tenant: tenant.to_owned(),
+        increment_us,
+        capacity_us,
+    }
+}
+
+pub fn reset(tenant: &str) -> pb::ResetRequest {
+    pb::ResetRequest {
+        tenant: tenant.to_owned(),
+        timeout_ms: CALL_TIMEOUT_MS,
+    }
+}
+
+pub fn check_rate(
+    entity_id: &str,
+    operation: &str,
+    limit: u64,
+    window_ms: u64,
+) -> pb::CheckRateRequest {
+    pb::CheckRateRequest {
+        entity_id: entity_id.to_owned(),
+        operation: operation.to_owned(),
+        limit,
+        window_ms,
+        timeout_ms: CALL_TIMEOUT_MS,
+        scope: pb::Scope::Fleet as i32,
+    }
+}
+
+/// Sends a hit and returns the whole response (outcome, decided_by, local_reason).
+pub async fn send_hit_full(
+    client: &mut FleetClient<Channel>,
+    request: pb::HitRequest,
+) -> pb::HitResponse {
+    client
+        .hit(request)
+        .await
+        .expect("hit answered")
+        .into_inner()
+}
+
+pub async fn send_settle(
+    client: &mut FleetClient<Channel>,
+    request: pb::SettleRequest,
+) -> pb::SettleResponse {
+    client
+        .settle(request)
+        .await
+        .expect("settle answered")
+        .into_inner()
+}
+
+pub async fn send_check_rate(
+    client: &mut FleetClient<Channel>,
+    request: pb::CheckRateRequest,
+) -> pb::CheckRateResponse {
+    client
+        .check_rate(request)
+        .await
+        .expect("check_rate answered")
+        .into_inner()
+}
+
+pub async fn send_reset(client: &mut FleetClient<Channel>, tenant: &str) {
+    client.reset(reset(tenant)).await.expect("reset answered");
+}
+
+/// True when `message` names `field` as a whole token: `charges` is not named by
+/// `charges[0].kind`, nor `ttl_ms` by `claim.ttl_ms`.
+pub fn names_field(message: &str, field: &str) -> bool {
+    let is_name_char = |c: char| c.is_ascii_alphanumeric() || c == '_' || c == '.';
+    message.match_indices(field).any(|(at, _)| {
+        let before = message[..at].chars().next_back();
+        let after = message[at + field.len()..].chars().next();
+        !before.is_some_and(is_name_char) && !after.is_some_and(|c| is_name_char(c) || c == '[')
+    })
+}
+
+/// Raft progress as every node among `ids` reports it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Applied {
+    pub term: u64,
+    pub last_applied: u64,
+}
+
+impl Fleet {
+    /// Waits until every node among `ids` reports the same term and `last_applied` (nothing
+    /// in flight), and returns it.
+    pub async fn wait_for_applied_in_step(&self, ids: &[u64]) -> Applied {
+        self.wait_for("every node applied the same index", || async {
+            let mut seen = Vec::new();
+            for id in ids {
+                let status = self.status(*id).await?;
+                seen.push(Applied {
+                    term: status.term,
+                    last_applied: status.last_applied,
+                });
+            }
+            let first = *seen.first()?;
+            seen.iter().all(|s| *s == first).then_some(first)
+        })
+        .await
+    }
+}
+
+impl Fleet {
+    /// How many lines of node `id`'s log contain every one of `needles`.
+    pub fn log_lines(&self, id: u64, needles: &[&str]) -> usize {
+        let log = std::fs::read_to_string(&self.nodes[&id].log_path).unwrap_or_default();
+        log.lines()
+            .filter(|line| needles.iter().all(|needle| line.contains(needle)))
+            .count()
+    }
+}
+
+impl Applied {
+    /// Entries applied since `earlier`, or `None` when the term changed in between: a new
+    /// leader appends an entry of its own, so the count then says nothing about requests.
+    pub fn entries_since(&self, earlier: Applied) -> Option<u64> {
+        (self.term == earlier.term).then(|| self.last_applied - earlier.last_applied)
+    }
+}
