@@ -30,8 +30,6 @@ use crate::state::store::StateMachineStore;
 const PEER_MESSAGE_BYTES_MAX: usize = 64 * 1024 * 1024;
 /// How long a snapshot chunk may take to install on a receiving node.
 const INSTALL_SNAPSHOT_TIMEOUT_MS: u64 = 10_000;
-/// Log entries kept behind a snapshot, so a briefly lagging follower needs no snapshot.
-const LOGS_KEPT_AFTER_SNAPSHOT: u64 = 1_000;
 
 /// A node could not start.
 #[derive(Debug, thiserror::Error)]
@@ -102,7 +100,7 @@ fn raft_config(config: &NodeConfig) -> Result<openraft::Config, openraft::Config
         election_timeout_max: config.election_timeout_ms_max,
         install_snapshot_timeout: INSTALL_SNAPSHOT_TIMEOUT_MS,
         snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(config.snapshot_logs_since_last),
-        max_in_snapshot_log_to_keep: LOGS_KEPT_AFTER_SNAPSHOT,
+        max_in_snapshot_log_to_keep: config.snapshot_logs_kept,
         ..openraft::Config::default()
     }
     .validate()

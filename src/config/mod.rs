@@ -44,6 +44,8 @@ pub struct ConfigFile {
     pub queue_depth_max: Option<usize>,
     pub proposals_in_flight_max: Option<usize>,
     pub snapshot_logs_since_last: Option<u64>,
+    /// Log entries kept behind a snapshot, so a briefly lagging follower needs no snapshot.
+    pub snapshot_logs_kept: Option<u64>,
     pub metrics_addr: Option<String>,
 }
 
@@ -63,6 +65,7 @@ impl Defaults {
     pub const QUEUE_DEPTH_MAX: usize = 16_384;
     pub const PROPOSALS_IN_FLIGHT_MAX: usize = 4;
     pub const SNAPSHOT_LOGS_SINCE_LAST: u64 = 5_000;
+    pub const SNAPSHOT_LOGS_KEPT: u64 = 1_000;
 }
 
 /// The longest call deadline the API accepts (SPEC section 9).
@@ -111,6 +114,7 @@ pub struct NodeConfig {
     pub queue_depth_max: usize,
     pub proposals_in_flight_max: usize,
     pub snapshot_logs_since_last: u64,
+    pub snapshot_logs_kept: u64,
     pub metrics_addr: Option<SocketAddr>,
 }
 
@@ -228,6 +232,7 @@ impl NodeConfig {
                 .snapshot_logs_since_last
                 .unwrap_or(Defaults::SNAPSHOT_LOGS_SINCE_LAST)
                 .max(1),
+            snapshot_logs_kept: file.snapshot_logs_kept.unwrap_or(Defaults::SNAPSHOT_LOGS_KEPT),
             metrics_addr: file
                 .metrics_addr
                 .as_deref()
