@@ -1,0 +1,199 @@
+//! Crash faults (SPEC section 12): kill -9 of the leader and of every node. Every answer the
+//! fleet gave before the kill (committed claims, spent budget) must still hold afterwards,
+//! and a restarted node catches up from its own data dir.
+
+mod common;
+
+use std::collections::BTreeSet;
+
+use ankusa_fleet::pb;
+use common::*;
+use tokio::time::Instant;
+
+const TENANT: &str = "acme";
+/// One hook token per hour, ten in the bucket: nothing refills while a test runs.
+const HOUR_US: u64 = 3_600_000_000;
+const BUDGET: u64 = 10;
+
+fn budget_hit() -> pb::HitRequest {
+    hit(vec![hooks("budgeted", HOUR_US, BUDGET * HOUR_US)], None)
+}
+
+/// Spends the budget `n` times through node `id`; every one must be allowed by the fleet.
+async fn spend(fleet: &Fleet, id: u64, n: u64) {
+    let mut client = fleet.client(id).await;
+    for i in 0..n {
+        let got = send_hit(&mut client, budget_hit()).await;
+        if got != (Outcome::Allowed, pb::DecidedBy::Fleet as i32) {
+            fleet.fail(&format!("node {id}: spend {i} of {n} answered {got:?}"));
+        }
+    }
+}
+
+/// Asserts that through node `id` exactly `left` more charges pass, then the fleet denies.
+async fn assert_budget_left(fleet: &Fleet, id: u64, left: u64) {
+    spend(fleet, id, left).await;
+    let mut client = fleet.client(id).await;
+    let (answer, decided_by) = send_hit(&mut client, budget_hit()).await;
+    if !matches!(answer, Outcome::RateLimited(_)) || decided_by != pb::DecidedBy::Fleet as i32 {
+        fleet.fail(&format!(
+            "node {id}: charge {} answered {answer:?} decided_by {decided_by}, expected rate_limited",
+            left + 1
+        ));
+    }
+}
+
+/// Waits until every node in `ids` names one leader that is not `gone`.
+async fn wait_for_new_leader(fleet: &Fleet, ids: &[u64], gone: u64) -> u64 {
+    fleet
+        .wait_for("a new leader known to every survivor", || async {
+            let mut leaders = BTreeSet::new();
+            for id in ids {
+                leaders.insert(fleet.status(*id).await?.leader_id);
+            }
+            let leader = *leaders.first()?;
+            (leaders.len() == 1 && leader != 0 && leader != gone).then_some(leader)
+        })
+        .await
+}
+
+/// Waits until node `id` knows `leader` and has applied at least `index`.
+async fn wait_caught_up(fleet: &Fleet, id: u64, leader: u64, index: u64) {
+    fleet
+        .wait_for(&format!("node {id} applies index {index}"), || async {
+            let status = fleet.status(id).await?;
+            (status.leader_id == leader && status.last_applied >= index).then_some(())
+        })
+        .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killing_the_leader_loses_no_answer() {
+    init_tracing();
+    let mut fleet = Fleet::start(3, "").await;
+    let leader = fleet.wait_for_leader(&[1, 2, 3]).await;
+    let survivors: Vec<u64> = (1..=3).filter(|id| *id != leader).collect();
+
+    tracing::info!("--- commit claims through every node and spend 6 of 10 tokens");
+    let committed = keys("before", 30);
+    fleet.commit_claims(&[1, 2, 3], TENANT, &committed, 6).await;
+    spend(&fleet, survivors[0], 3).await;
+    spend(&fleet, leader, 3).await;
+
+    tracing::info!("--- kill -9 the leader {leader}");
+    let killed_at = Instant::now();
+    fleet.kill(leader);
+    let new_leader = wait_for_new_leader(&fleet, &survivors, leader).await;
+    let failover = killed_at.elapsed();
+    tracing::info!(
+        failover_ms = failover.as_millis() as u64,
+        new_leader,
+        "failover"
+    );
+
+    tracing::info!("--- every committed key is a duplicate on both survivors");
+    for id in &survivors {
+        fleet.assert_duplicates(*id, TENANT, &committed, 8).await;
+    }
+
+    tracing::info!("--- the spent budget is still spent: exactly 4 more pass");
+    assert_budget_left(&fleet, survivors[1], 4).await;
+
+    tracing::info!("--- the fleet still commits new claims");
+    let after = keys("after", 10);
+    fleet.commit_claims(&survivors, TENANT, &after, 4).await;
+    let target = fleet
+        .last_applied(new_leader)
+        .await
+        .unwrap_or_else(|| fleet.fail("the new leader does not answer status"));
+
+    tracing::info!("--- restart {leader} from its data dir; it catches up");
+    let restarted_at = Instant::now();
+    fleet.restart(leader);
+    wait_caught_up(&fleet, leader, new_leader, target).await;
+    tracing::info!(
+        catch_up_ms = restarted_at.elapsed().as_millis() as u64,
+        target,
+        "restarted node caught up"
+    );
+    fleet.assert_duplicates(leader, TENANT, &committed, 8).await;
+    fleet.assert_duplicates(leader, TENANT, &after, 8).await;
+    assert_budget_left(&fleet, leader, 0).await;
+}
+
+/// Kills every node, restarts them all from their data dirs, and waits for a leader.
+async fn kill_all_and_restart(fleet: &mut Fleet) -> u64 {
+    for id in 1..=3 {
+        fleet.kill(id);
+    }
+    let restarted_at = Instant::now();
+    for id in 1..=3 {
+        fleet.restart(id);
+    }
+    let leader = fleet.wait_for_leader(&[1, 2, 3]).await;
+    tracing::info!(
+        election_ms = restarted_at.elapsed().as_millis() as u64,
+        leader,
+        "fleet back after a full restart"
+    );
+    leader
+}
+
+fn snapshots_built(fleet: &Fleet) -> Vec<usize> {
+    (1..=3)
+        .map(|id| fleet.log_count(id, "snapshot built"))
+        .collect()
+}
+
+/// Waits until every node built a snapshot since `before` was counted, so its restart loads
+/// one.
+async fn wait_for_new_snapshots(fleet: &Fleet, before: &[usize]) {
+    fleet
+        .wait_for("every node built a new snapshot", || async {
+            let now = snapshots_built(fleet);
+            now.iter().zip(before).all(|(n, b)| n > b).then_some(())
+        })
+        .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restarting_every_node_twice_loses_no_answer() {
+    init_tracing();
+    let mut fleet = Fleet::start(3, "snapshot_logs_since_last = 20").await;
+    fleet.wait_for_leader(&[1, 2, 3]).await;
+
+    tracing::info!("--- 100 committed claims (snapshots every 20 entries), 6 of 10 tokens spent");
+    let mut committed = keys("first", 100);
+    fleet.commit_claims(&[1, 2, 3], TENANT, &committed, 4).await;
+    wait_for_new_snapshots(&fleet, &[0, 0, 0]).await;
+    spend(&fleet, 1, 6).await;
+
+    tracing::info!("--- kill -9 every node, restart all: snapshot load + log replay");
+    let leader = kill_all_and_restart(&mut fleet).await;
+    for id in 1..=3 {
+        assert!(
+            fleet.log_count(id, "state machine resumed from snapshot") >= 1,
+            "node {id} did not resume from its snapshot"
+        );
+        fleet.assert_duplicates(id, TENANT, &committed, 8).await;
+    }
+    tracing::info!("--- spend 2 of the 4 tokens left, commit 20 more claims");
+    let before = snapshots_built(&fleet);
+    spend(&fleet, leader, 2).await;
+    let second = keys("second", 20);
+    fleet.commit_claims(&[1, 2, 3], TENANT, &second, 2).await;
+    committed.extend(second);
+    wait_for_new_snapshots(&fleet, &before).await;
+
+    tracing::info!("--- kill -9 every node again, restart all");
+    kill_all_and_restart(&mut fleet).await;
+    for id in 1..=3 {
+        assert!(
+            fleet.log_count(id, "state machine resumed from snapshot") >= 2,
+            "node {id} did not resume from its snapshot the second time"
+        );
+        fleet.assert_duplicates(id, TENANT, &committed, 8).await;
+    }
+    tracing::info!("--- exactly the 2 tokens left pass");
+    assert_budget_left(&fleet, 2, 2).await;
+}
