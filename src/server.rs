@@ -16,9 +16,10 @@ use tonic::transport::Server;
 use crate::api::validate::RequestDefaults;
 use crate::api::{AdminService, FleetService};
 use crate::config::NodeConfig;
+use crate::fallback::Fallback;
 use crate::fallback::LocalEngine;
 use crate::node::propose::{BatchLimits, Proposer, Router};
-use crate::node::Node;
+use crate::node::{reconcile, Node, NodeParts};
 use crate::pb;
 use crate::raft::log_store::LogStore;
 use crate::raft::network::PeerClients;
@@ -126,7 +127,7 @@ pub async fn start(config: NodeConfig, listeners: Listeners) -> Result<RunningNo
         .path(config.data_dir.join("state.sled"))
         .open()?;
     let state = StateMachineStore::open(&db)?;
-    let local = LocalEngine::open(&db, config.node_id)?;
+    let local = LocalEngine::open(&db, config.node_id, crate::fallback::NODE_SCOPE_TREE)?;
     let peers = PeerClients::new(&config.cluster_id, config.node_id);
     let raft = Raft::new(
         config.node_id,
@@ -146,14 +147,15 @@ pub async fn start(config: NodeConfig, listeners: Listeners) -> Result<RunningNo
         Arc::new(Router::new(config.node_id, raft.clone(), peers)),
         limits,
     );
-    let node = Arc::new(Node::new(
-        config.node_id,
-        raft.clone(),
+    let node = Arc::new(Node::new(NodeParts {
+        id: config.node_id,
+        raft: raft.clone(),
         state,
-        proposer.clone(),
+        proposer: proposer.clone(),
         local,
-        config.voters_max,
-    ));
+        fallback: Fallback::open(&db, config.node_id, config.fallback_budget)?,
+        voters_max: config.voters_max,
+    }));
     let (stop, stopped) = watch::channel(false);
     let servers = vec![
         tokio::spawn(serve_peers(
@@ -163,7 +165,13 @@ pub async fn start(config: NodeConfig, listeners: Listeners) -> Result<RunningNo
             listeners.raft,
             stopped.clone(),
         )),
-        tokio::spawn(serve_api(node.clone(), &config, listeners.api, stopped)),
+        tokio::spawn(serve_api(
+            node.clone(),
+            &config,
+            listeners.api,
+            stopped.clone(),
+        )),
+        tokio::spawn(reconcile::run(node.clone(), stopped)),
     ];
     form_cluster_once(&raft, &config).await?;
     tracing::info!(node_id = config.node_id, api_addr = %config.api_addr, raft_addr = %config.raft_addr, "node started");

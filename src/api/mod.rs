@@ -67,6 +67,7 @@ fn settle_response(decided: Decided<SettleAnswer>) -> pb::SettleResponse {
         SettleAnswer::Settled => (pb::SettleStatus::Settled, String::new()),
         SettleAnswer::Recreated => (pb::SettleStatus::Recreated, String::new()),
         SettleAnswer::Conflict { holder } => (pb::SettleStatus::Conflict, holder.0),
+        SettleAnswer::Queued => (pb::SettleStatus::Queued, String::new()),
     };
     pb::SettleResponse {
         status: status as i32,
@@ -188,7 +189,8 @@ impl pb::fleet_server::Fleet for FleetService {
                     voter,
                 })
                 .collect(),
-            degraded: status.leader_id.is_none(),
+            // No leader, or local decisions not yet handed to the fleet.
+            degraded: status.leader_id.is_none() || self.node.fallback().has_unreconciled(),
         }))
     }
 }

@@ -47,6 +47,21 @@ pub struct ConfigFile {
     /// Log entries kept behind a snapshot, so a briefly lagging follower needs no snapshot.
     pub snapshot_logs_kept: Option<u64>,
     pub metrics_addr: Option<String>,
+    /// Local fallback charges: `fair_share` (capacity / voters) or `full` (whole capacity).
+    pub fallback_budget: Option<FallbackBudget>,
+}
+
+/// How much of a bucket's capacity a node grants on its own while the fleet is unreachable.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FallbackBudget {
+    /// `capacity / voters` (never below one increment): a partitioned fleet admits at most
+    /// about one extra budget in total, however the nodes are split.
+    #[default]
+    FairShare,
+    /// The whole capacity on each cut-off node (the seed's node scope): up to one extra
+    /// budget per cut-off node.
+    Full,
 }
 
 /// Defaults for every optional key.
@@ -116,6 +131,7 @@ pub struct NodeConfig {
     pub snapshot_logs_since_last: u64,
     pub snapshot_logs_kept: u64,
     pub metrics_addr: Option<SocketAddr>,
+    pub fallback_budget: FallbackBudget,
 }
 
 impl NodeConfig {
@@ -232,7 +248,10 @@ impl NodeConfig {
                 .snapshot_logs_since_last
                 .unwrap_or(Defaults::SNAPSHOT_LOGS_SINCE_LAST)
                 .max(1),
-            snapshot_logs_kept: file.snapshot_logs_kept.unwrap_or(Defaults::SNAPSHOT_LOGS_KEPT),
+            snapshot_logs_kept: file
+                .snapshot_logs_kept
+                .unwrap_or(Defaults::SNAPSHOT_LOGS_KEPT),
+            fallback_budget: file.fallback_budget.unwrap_or_default(),
             metrics_addr: file
                 .metrics_addr
                 .as_deref()

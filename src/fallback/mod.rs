@@ -1,9 +1,15 @@
-//! The node's own decisions, without Raft: node-local GCRA buckets (memory) and the node's
-//! own claim index (sled, written through on every change). Used for `SCOPE_NODE`
-//! requests (SPEC section 8); the same rules as the fleet ([`crate::state::rules`]) run
-//! here on the node's wall clock instead of a log entry's stamp.
+//! The node's own decisions, without Raft: node-local GCRA buckets (memory) and a claim
+//! index (sled, written through on every change). The same rules as the fleet
+//! ([`crate::state::rules`]) run here on the node's wall clock instead of a log entry's stamp.
 //!
-//! Never proposes anything to the fleet and never reads the fleet's replica.
+//! Two engines use this: node scope (SPEC section 8, tree `node_claims`) and the local
+//! fallback when the fleet does not answer in time (SPEC section 7, tree
+//! `fallback_claims`, seeded from the fleet replica, plus the [`queue::SettleQueue`] and
+//! the [`ChargeLedger`] that reconciliation hands to the fleet later).
+//!
+//! Never proposes anything to the fleet itself.
+
+pub mod queue;
 
 use std::sync::{Mutex, MutexGuard};
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -15,7 +21,9 @@ use crate::state::{
 };
 
 /// The sled tree of node-scope claims.
-const CLAIM_TREE: &str = "node_claims";
+pub const NODE_SCOPE_TREE: &str = "node_claims";
+/// The sled tree of claims taken by the local fallback, until reconciled.
+pub const FALLBACK_TREE: &str = "fallback_claims";
 
 /// The local engine failed to read or write its claim index.
 #[derive(Debug, thiserror::Error)]
@@ -46,8 +54,8 @@ impl LocalEngine {
     ///
     /// # Errors
     /// When sled fails or a stored claim does not decode.
-    pub fn open(db: &sled::Db, node_id: NodeId) -> Result<Self, LocalError> {
-        let claim_tree = db.open_tree(CLAIM_TREE)?;
+    pub fn open(db: &sled::Db, node_id: NodeId, tree: &str) -> Result<Self, LocalError> {
+        let claim_tree = db.open_tree(tree)?;
         let now_us = wall_clock_us();
         let mut image = StateImage {
             clock_us: now_us,
@@ -133,6 +141,92 @@ impl LocalEngine {
         Ok(answer)
     }
 
+    /// A fallback hit (SPEC section 7): like [`LocalEngine::hit`], but buckets start from
+    /// the replica's TAT where it is later than the local one, and a live replica claim
+    /// decides first (committed: duplicate; pending for another hook: pending). Returns the
+    /// answer and whether charges were spent (for the [`ChargeLedger`]).
+    ///
+    /// # Errors
+    /// When the claim index cannot be written.
+    pub fn hit_seeded(
+        &self,
+        charges: &[Charge],
+        claim: Option<&ClaimRequest>,
+        replica: &ReplicaView,
+    ) -> Result<(HitAnswer, bool), LocalError> {
+        let (mut state, now_us) = self.now();
+        for (charge, tat_us) in charges.iter().zip(&replica.tats_us) {
+            if let Some(tat_us) = *tat_us {
+                if state
+                    .bucket_tat_us(&charge.bucket)
+                    .is_none_or(|local_us| local_us < tat_us)
+                {
+                    state.seed_bucket(charge.bucket.clone(), tat_us);
+                }
+            }
+        }
+        let probe = Command::ProbeCharges {
+            charges: charges.to_vec(),
+        };
+        if let denied @ HitAnswer::RateLimited { .. } =
+            hit_answer(rules::apply(&mut state, &probe, now_us))
+        {
+            return Ok((denied, false));
+        }
+        if let (Some(claim), Some(record)) = (claim, replica.claim.as_ref()) {
+            if let Some(blocked) = replica_blocks(record, claim, now_us) {
+                return Ok((blocked, false));
+            }
+        }
+        let already_ours =
+            claim.and_then(|c| rules::claim_blocked(&state, c, now_us)) == Some(HitAnswer::Allowed);
+        let command = Command::Hit {
+            charges: charges.to_vec(),
+            claim: claim.cloned(),
+            node: self.node_id,
+        };
+        let answer = hit_answer(rules::apply(&mut state, &command, now_us));
+        if let Some(claim) = claim {
+            self.persist(&state, &claim.key)?;
+        }
+        let spent = answer == HitAnswer::Allowed && !already_ours && !charges.is_empty();
+        Ok((answer, spent))
+    }
+
+    /// Live pending claims of this engine (what reconciliation hands to the fleet).
+    pub fn pending_claims(&self) -> Vec<(ClaimKey, ClaimRecord)> {
+        let (state, _) = self.now();
+        state
+            .image()
+            .claims
+            .into_iter()
+            .filter(|(_, record)| record.state == crate::state::ClaimState::Pending)
+            .collect()
+    }
+
+    /// Forgets a claim once the fleet holds it, unless it changed meanwhile.
+    ///
+    /// # Errors
+    /// When the claim index cannot be written.
+    pub fn forget(&self, key: &ClaimKey, seen: &ClaimRecord) -> Result<(), LocalError> {
+        let (mut state, _) = self.now();
+        if state.claim(key) == Some(seen) {
+            state.remove_claim(key);
+            self.persist(&state, key)?;
+        }
+        Ok(())
+    }
+
+    /// Forgets a claim whatever it holds (its settle reached the fleet).
+    ///
+    /// # Errors
+    /// When the claim index cannot be written.
+    pub fn forget_any(&self, key: &ClaimKey) -> Result<(), LocalError> {
+        let (mut state, _) = self.now();
+        state.remove_claim(key);
+        self.persist(&state, key)
+    }
+
     /// Writes the claim's current record (or its absence) through to sled.
     fn persist(&self, state: &FleetState, key: &ClaimKey) -> Result<(), LocalError> {
         let key_bytes = codec::encode(key)?;
@@ -141,6 +235,134 @@ impl LocalEngine {
             None => self.claim_tree.remove(key_bytes)?,
         };
         Ok(())
+    }
+}
+
+/// Everything the node decides alone while the fleet does not answer: the fallback engine,
+/// the settle queue and the ledger of charges granted locally.
+pub struct Fallback {
+    pub engine: LocalEngine,
+    pub queue: queue::SettleQueue,
+    pub ledger: ChargeLedger,
+    pub budget: crate::config::FallbackBudget,
+}
+
+impl Fallback {
+    /// Opens the fallback's claim index and settle queue in `db`.
+    ///
+    /// # Errors
+    /// When sled fails or a stored record does not decode.
+    pub fn open(
+        db: &sled::Db,
+        node_id: NodeId,
+        budget: crate::config::FallbackBudget,
+    ) -> Result<Self, LocalError> {
+        Ok(Self {
+            engine: LocalEngine::open(db, node_id, FALLBACK_TREE)?,
+            queue: queue::SettleQueue::open(db)?,
+            ledger: ChargeLedger::default(),
+            budget,
+        })
+    }
+
+    /// The charges a cut-off node applies: with [`FallbackBudget::FairShare`] each bucket's
+    /// capacity is divided by the number of voters (never below one increment).
+    ///
+    /// [`FallbackBudget::FairShare`]: crate::config::FallbackBudget::FairShare
+    pub fn local_charges(&self, charges: &[Charge], voters: usize) -> Vec<Charge> {
+        let share = match self.budget {
+            crate::config::FallbackBudget::Full => 1,
+            crate::config::FallbackBudget::FairShare => voters.max(1) as u64,
+        };
+        charges
+            .iter()
+            .map(|charge| Charge {
+                capacity_us: (charge.capacity_us / share).max(charge.increment_us),
+                ..charge.clone()
+            })
+            .collect()
+    }
+
+    /// True when local decisions still wait to be handed to the fleet.
+    pub fn has_unreconciled(&self) -> bool {
+        !self.queue.is_empty()
+            || !self.ledger.is_empty()
+            || !self.engine.pending_claims().is_empty()
+    }
+}
+
+/// What this node's replica of the fleet knows about a fallback hit's buckets and claim.
+#[derive(Clone, Debug, Default)]
+pub struct ReplicaView {
+    /// The fleet TAT of each charge's bucket, in the charges' order.
+    pub tats_us: Vec<Option<u64>>,
+    /// The fleet's record of the claim key, if any.
+    pub claim: Option<ClaimRecord>,
+}
+
+/// A replica claim stops a fallback hit only when it is live on this node's clock:
+/// committed (any hook) answers duplicate, pending for another hook answers pending.
+fn replica_blocks(record: &ClaimRecord, claim: &ClaimRequest, now_us: u64) -> Option<HitAnswer> {
+    if record.expires_at_us <= now_us {
+        return None;
+    }
+    match record.state {
+        crate::state::ClaimState::Committed => Some(HitAnswer::Duplicate {
+            hook_id: record.hook_id.clone(),
+        }),
+        crate::state::ClaimState::Pending if record.hook_id != claim.hook_id => {
+            Some(HitAnswer::Pending {
+                retry_after_ms: (record.expires_at_us - now_us).div_ceil(1_000).max(1),
+            })
+        }
+        crate::state::ClaimState::Pending => None,
+    }
+}
+
+/// Charges granted locally while cut off, summed per bucket until reconciliation hands
+/// them to the fleet as one [`Command::Absorb`]. Memory only: a restart forgets them (the
+/// budgets they spent refill within one window anyway).
+#[derive(Default)]
+pub struct ChargeLedger {
+    spent: Mutex<std::collections::HashMap<crate::state::BucketKey, (u64, u64)>>,
+}
+
+impl ChargeLedger {
+    fn lock(
+        &self,
+    ) -> MutexGuard<'_, std::collections::HashMap<crate::state::BucketKey, (u64, u64)>> {
+        // Holds plain sums; a panic elsewhere cannot leave them half-written.
+        match self.spent.lock() {
+            Ok(guard) => guard,
+            Err(poisoned) => poisoned.into_inner(),
+        }
+    }
+
+    /// Adds the charges of one local grant.
+    pub fn record(&self, charges: &[Charge]) {
+        let mut spent = self.lock();
+        for charge in charges {
+            let entry = spent.entry(charge.bucket.clone()).or_insert((0, 0));
+            entry.0 = entry.0.saturating_add(charge.increment_us);
+            entry.1 = entry.1.max(charge.capacity_us);
+        }
+    }
+
+    /// Takes everything recorded so far, one charge per bucket.
+    pub fn take(&self) -> Vec<Charge> {
+        self.lock()
+            .drain()
+            .map(|(bucket, (increment_us, capacity_us))| Charge {
+                bucket,
+                increment_us,
+                capacity_us,
+            })
+            .collect()
+    }
+
+    /// True when nothing waits to be reconciled.
+    pub fn is_empty(&self) -> bool {
+        self.lock().is_empty()
     }
 }
 

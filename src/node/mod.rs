@@ -12,12 +12,14 @@ use openraft::ChangeMembers;
 use tokio::time::Instant;
 
 pub mod propose;
+pub mod reconcile;
 pub mod request;
 
-use crate::fallback::{LocalEngine, LocalError};
+use crate::fallback::queue::QueuedSettle;
+use crate::fallback::{Fallback, LocalEngine, LocalError, ReplicaView};
 use crate::raft::{MemberNode, NodeId, ProposeRefusal, Raft};
 use crate::state::store::{self, StateMachineStore};
-use crate::state::{Answer, Command, HitAnswer, SettleAnswer};
+use crate::state::{Answer, Charge, ClaimRequest, Command, HitAnswer, SettleAnswer};
 use propose::Proposer;
 use request::{CheckRateInput, HitInput, ResetInput, Scope, SettleInput};
 
@@ -97,33 +99,42 @@ pub struct NodeStatus {
     pub members: Vec<(NodeId, MemberNode, bool)>,
 }
 
-/// One fleet node: Raft, the state machine replica, the proposal queue, the local engine.
+/// The started parts a node is made of.
+pub struct NodeParts {
+    pub id: NodeId,
+    pub raft: Raft,
+    pub state: StateMachineStore,
+    pub proposer: Proposer,
+    /// Node scope (SPEC section 8).
+    pub local: LocalEngine,
+    /// The local fallback (SPEC section 7).
+    pub fallback: Fallback,
+    pub voters_max: usize,
+}
+
+/// One fleet node: Raft, the state machine replica, the proposal queue, the node-scope
+/// engine and the local fallback.
 pub struct Node {
     id: NodeId,
     raft: Raft,
     state: StateMachineStore,
     proposer: Proposer,
     local: LocalEngine,
+    fallback: Fallback,
     voters_max: usize,
 }
 
 impl Node {
     /// Assembles a node from its started parts.
-    pub fn new(
-        id: NodeId,
-        raft: Raft,
-        state: StateMachineStore,
-        proposer: Proposer,
-        local: LocalEngine,
-        voters_max: usize,
-    ) -> Self {
+    pub fn new(parts: NodeParts) -> Self {
         Self {
-            id,
-            raft,
-            state,
-            proposer,
-            local,
-            voters_max,
+            id: parts.id,
+            raft: parts.raft,
+            state: parts.state,
+            proposer: parts.proposer,
+            local: parts.local,
+            fallback: parts.fallback,
+            voters_max: parts.voters_max,
         }
     }
 
@@ -137,11 +148,15 @@ impl Node {
         &self.proposer
     }
 
-    async fn propose(&self, command: Command, deadline: Instant) -> Result<Answer, NodeError> {
+    pub(crate) async fn propose(
+        &self,
+        command: Command,
+        deadline: Instant,
+    ) -> Result<Answer, NodeError> {
         Ok(self.proposer.propose(command, deadline).await?)
     }
 
-    async fn propose_hit(
+    pub(crate) async fn propose_hit(
         &self,
         command: Command,
         deadline: Instant,
@@ -177,11 +192,16 @@ impl Node {
         }
         if all_fleet {
             let command = Command::Hit {
-                charges: input.charges,
-                claim: input.claim,
+                charges: input.charges.clone(),
+                claim: input.claim.clone(),
                 node: self.id,
             };
-            return Ok(Decided::fleet(self.propose_hit(command, deadline).await?));
+            return match self.propose_hit(command, deadline).await {
+                Err(NodeError::Unavailable { .. }) => {
+                    self.fallback_hit(&input.charges, input.claim.as_ref())
+                }
+                other => other.map(Decided::fleet),
+            };
         }
         if charges_on_fleet {
             self.hit_fleet_charges_node_claim(input, deadline).await
@@ -261,18 +281,104 @@ impl Node {
             ttl_ms: input.ttl_ms,
             node: self.id,
         };
-        let (answer, decided) = match input.scope {
-            Scope::Node => (self.local.apply(&command, Some(&input.key))?, false),
-            Scope::Fleet => (self.propose(command, deadline).await?, true),
+        let answer = match input.scope {
+            Scope::Node => {
+                let answer = self.local.apply(&command, Some(&input.key))?;
+                return settle_answer(answer).map(Decided::node_scope);
+            }
+            Scope::Fleet => self.propose(command.clone(), deadline).await,
         };
-        let Answer::Settle(answer) = answer else {
-            return Err(mismatched(&answer));
+        match answer {
+            Err(NodeError::Unavailable { .. }) => self.queue_settle(command).await,
+            other => settle_answer(other?).map(Decided::fleet),
+        }
+    }
+
+    /// A settle the fleet did not take in time: applied to the fallback index (so this node
+    /// answers duplicate for its own commit), written to the on-disk queue, answered
+    /// `Queued`; [`reconcile`] retries it until the fleet applies it.
+    async fn queue_settle(&self, command: Command) -> Result<Decided<SettleAnswer>, NodeError> {
+        let Command::Settle {
+            key,
+            hook_id,
+            outcome,
+            ttl_ms,
+            ..
+        } = &command
+        else {
+            return Err(NodeError::Fatal {
+                reason: "only settles are queued".to_owned(),
+            });
         };
-        Ok(if decided {
-            Decided::fleet(answer)
-        } else {
-            Decided::node_scope(answer)
+        self.fallback.engine.apply(&command, Some(key))?;
+        let queued = QueuedSettle {
+            key: key.clone(),
+            hook_id: hook_id.clone(),
+            outcome: *outcome,
+            ttl_ms: *ttl_ms,
+        };
+        self.fallback.queue.push(&queued).await?;
+        metrics::counter!("ankusa_fallback_answers_total", "call" => "settle").increment(1);
+        tracing::debug!(key = ?queued.key, "settle queued");
+        Ok(Decided {
+            answer: SettleAnswer::Queued,
+            decided_by: DecidedBy::Local {
+                reason: self.local_reason(),
+            },
         })
+    }
+
+    /// Why the fleet did not answer, for `local_reason`.
+    fn local_reason(&self) -> String {
+        match self.raft.metrics().borrow().current_leader {
+            None => "no leader".to_owned(),
+            Some(_) => "deadline".to_owned(),
+        }
+    }
+
+    /// SPEC section 7: the fleet did not answer in time, so this node decides from its
+    /// replica and its own fallback index. Duplicate only for a claim known committed.
+    fn fallback_hit(
+        &self,
+        charges: &[Charge],
+        claim: Option<&ClaimRequest>,
+    ) -> Result<Decided<HitAnswer>, NodeError> {
+        let (replica, voters) = {
+            let applied = self.state.lock();
+            let view = ReplicaView {
+                tats_us: charges
+                    .iter()
+                    .map(|c| applied.state.bucket_tat_us(&c.bucket))
+                    .collect(),
+                claim: claim.and_then(|c| applied.state.claim(&c.key).cloned()),
+            };
+            (view, applied.membership.membership().voter_ids().count())
+        };
+        let local_charges = self.fallback.local_charges(charges, voters);
+        let (answer, spent) = self
+            .fallback
+            .engine
+            .hit_seeded(&local_charges, claim, &replica)?;
+        if spent {
+            self.fallback.ledger.record(charges);
+        }
+        metrics::counter!("ankusa_fallback_answers_total", "call" => "hit").increment(1);
+        let reason = self.local_reason();
+        tracing::debug!(?answer, %reason, "hit answered locally");
+        Ok(Decided {
+            answer,
+            decided_by: DecidedBy::Local { reason },
+        })
+    }
+
+    /// The local fallback's state (for reconciliation and status).
+    pub fn fallback(&self) -> &Fallback {
+        &self.fallback
+    }
+
+    /// This node's id.
+    pub fn id(&self) -> NodeId {
+        self.id
     }
 
     /// SPEC section 10: node-local buckets are cleared whatever the fleet does.
@@ -300,11 +406,14 @@ impl Node {
             Scope::Node => Ok(Decided::node_scope(self.local.hit(&charges, None)?)),
             Scope::Fleet => {
                 let command = Command::Hit {
-                    charges,
+                    charges: charges.clone(),
                     claim: None,
                     node: self.id,
                 };
-                Ok(Decided::fleet(self.propose_hit(command, deadline).await?))
+                match self.propose_hit(command, deadline).await {
+                    Err(NodeError::Unavailable { .. }) => self.fallback_hit(&charges, None),
+                    other => other.map(Decided::fleet),
+                }
             }
         }
     }
@@ -413,6 +522,13 @@ fn membership_error(e: RaftError<NodeId, ClientWriteError<NodeId, MemberNode>>) 
         other => NodeError::Membership {
             reason: other.to_string(),
         },
+    }
+}
+
+fn settle_answer(answer: Answer) -> Result<SettleAnswer, NodeError> {
+    match answer {
+        Answer::Settle(answer) => Ok(answer),
+        other => Err(mismatched(&other)),
     }
 }
 

@@ -145,6 +145,11 @@ pub enum Command {
     },
     /// SPEC section 10: forget the tenant's hooks and bytes buckets.
     Reset { tenant: TenantId },
+    /// Account for charges a node granted on its own while cut off (SPEC section 7): each
+    /// bucket is charged without the capacity check, but never past `now + capacity_us`,
+    /// so a node's local grants spend the fleet budget without locking it for longer than
+    /// one burst window.
+    Absorb { charges: Vec<Charge> },
 }
 
 /// The answer to a hit (and to check_rate).
@@ -161,7 +166,12 @@ pub enum HitAnswer {
 pub enum SettleAnswer {
     Settled,
     Recreated,
-    Conflict { holder: HookId },
+    Conflict {
+        holder: HookId,
+    },
+    /// Never produced by the rules: the node queued the settle on its disk because the
+    /// fleet did not take it in time (SPEC section 6); it is retried until applied.
+    Queued,
 }
 
 /// What applying one command yields; always in the same position as its command.
@@ -170,6 +180,7 @@ pub enum Answer {
     Hit(HitAnswer),
     Settle(SettleAnswer),
     Reset,
+    Absorbed,
 }
 
 /// A log entry's application payload: commands stamped with the proposing leader's clock.

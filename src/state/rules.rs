@@ -190,6 +190,11 @@ impl FleetState {
         }
     }
 
+    /// Removes a claim (the local fallback forgets what the fleet now holds).
+    pub fn remove_claim(&mut self, key: &ClaimKey) {
+        self.claims.remove(key);
+    }
+
     /// Sets a bucket's TAT directly (the local fallback seeds its buckets this way).
     pub fn seed_bucket(&mut self, bucket: BucketKey, tat_us: u64) {
         if tat_us > self.clock_us {
@@ -264,6 +269,24 @@ pub fn apply(state: &mut FleetState, command: &Command, now_us: u64) -> Answer {
         Command::Reset { tenant } => {
             reset(state, tenant);
             Answer::Reset
+        }
+        Command::Absorb { charges } => {
+            absorb(state, charges, now_us);
+            Answer::Absorbed
+        }
+    }
+}
+
+fn absorb(state: &mut FleetState, charges: &[Charge], now_us: u64) {
+    for charge in charges {
+        let tat_us = state
+            .bucket_tat_us(&charge.bucket)
+            .unwrap_or(now_us)
+            .max(now_us);
+        let ceiling_us = now_us.saturating_add(charge.capacity_us);
+        let new_tat_us = tat_us.saturating_add(charge.increment_us).min(ceiling_us);
+        if new_tat_us > now_us {
+            state.set_bucket(charge.bucket.clone(), new_tat_us);
         }
     }
 }

@@ -1290,6 +1290,19 @@ impl Model {
                 outcome: SettleOutcome::Release,
                 ..
             } => Answer::Settle(self.release(key, hook_id)),
+            Command::Absorb { charges } => {
+                let now_us = self.clock_us;
+                for charge in charges {
+                    let tat_us = self
+                        .bucket_tat_us(&charge.bucket)
+                        .unwrap_or(now_us)
+                        .max(now_us);
+                    let new_tat_us =
+                        (tat_us + charge.increment_us).min(now_us + charge.capacity_us);
+                    self.buckets.insert(charge.bucket.clone(), new_tat_us);
+                }
+                Answer::Absorbed
+            }
             Command::Reset { tenant } => {
                 for kind in [Kind::Hooks, Kind::Bytes] {
                     self.buckets.remove(&BucketKey::Tenant {
@@ -1493,6 +1506,7 @@ fn arb_command() -> impl Strategy<Value = Command> {
         5 => (arb_charges(), prop::option::weighted(0.7, arb_claim()), node.clone())
             .prop_map(|(charges, claim, node)| Command::Hit { charges, claim, node }),
         1 => arb_charges().prop_map(|charges| Command::ProbeCharges { charges }),
+        1 => arb_charges().prop_map(|charges| Command::Absorb { charges }),
         4 => (arb_claim_key(), arb_hook_id(), outcome, 1u64..=8_000, node).prop_map(
             |(key, hook_id, outcome, ttl_ms, node)| Command::Settle {
                 key,

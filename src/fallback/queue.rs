@@ -1,0 +1,90 @@
+//! Settles the fleet did not take in time, kept on this node's disk until the fleet applies
+//! them (SPEC section 6: a settle is never lost, also across a restart of this node).
+//!
+//! Written (and flushed) before the edge is told `QUEUED`; removed only after the fleet
+//! answered it. Order is kept: keys are a big-endian sequence number.
+
+use serde::{Deserialize, Serialize};
+
+use super::LocalError;
+use crate::codec;
+use crate::state::{ClaimKey, HookId, SettleOutcome};
+
+/// The sled tree of queued settles.
+const QUEUE_TREE: &str = "settle_queue";
+
+/// One settle waiting for the fleet.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct QueuedSettle {
+    pub key: ClaimKey,
+    pub hook_id: HookId,
+    pub outcome: SettleOutcome,
+    pub ttl_ms: u64,
+}
+
+/// The on-disk queue of settles.
+pub struct SettleQueue {
+    db: sled::Db,
+    tree: sled::Tree,
+}
+
+impl SettleQueue {
+    /// Opens the queue in `db`; what a previous run left is still there.
+    ///
+    /// # Errors
+    /// When sled fails.
+    pub fn open(db: &sled::Db) -> Result<Self, LocalError> {
+        Ok(Self {
+            db: db.clone(),
+            tree: db.open_tree(QUEUE_TREE)?,
+        })
+    }
+
+    /// Appends a settle and flushes it to disk before returning.
+    ///
+    /// # Errors
+    /// When sled cannot write or flush: the caller must not answer `QUEUED`.
+    pub async fn push(&self, settle: &QueuedSettle) -> Result<(), LocalError> {
+        let seq = self.db.generate_id()?;
+        self.tree
+            .insert(seq.to_be_bytes(), codec::encode(settle)?)?;
+        self.tree.flush_async().await?;
+        Ok(())
+    }
+
+    /// Everything queued, oldest first, with the sequence numbers to remove them by.
+    ///
+    /// # Errors
+    /// When sled fails or a record does not decode.
+    pub fn all(&self) -> Result<Vec<(u64, QueuedSettle)>, LocalError> {
+        let mut queued = Vec::new();
+        for item in self.tree.iter() {
+            let (key, value) = item?;
+            let mut seq = [0u8; 8];
+            if key.len() == 8 {
+                seq.copy_from_slice(&key);
+            }
+            queued.push((u64::from_be_bytes(seq), codec::decode(&value)?));
+        }
+        Ok(queued)
+    }
+
+    /// Removes a settle the fleet applied.
+    ///
+    /// # Errors
+    /// When sled fails.
+    pub fn remove(&self, seq: u64) -> Result<(), LocalError> {
+        self.tree.remove(seq.to_be_bytes())?;
+        Ok(())
+    }
+
+    /// Number of settles waiting.
+    pub fn len(&self) -> usize {
+        self.tree.len()
+    }
+
+    /// True when nothing waits.
+    pub fn is_empty(&self) -> bool {
+        self.tree.is_empty()
+    }
+}
