@@ -783,7 +783,6 @@ where
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "bug: non-UTF-8 ids answer INTERNAL (prost decode error), not INVALID_ARGUMENT naming the field"]
 async fn ids_that_are_not_utf8_are_invalid_and_write_nothing() {
     init_tracing();
     let fleet = Fleet::start(3, "").await;

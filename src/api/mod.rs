@@ -8,6 +8,7 @@ use std::time::Instant;
 
 use tonic::{Request, Response, Status};
 
+pub mod codec;
 pub mod validate;
 
 use crate::node::{Decided, DecidedBy, Node, NodeError};
