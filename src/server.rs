@@ -21,6 +21,7 @@ use crate::fallback::LocalEngine;
 use crate::node::propose::{BatchLimits, Proposer, Router};
 use crate::node::{reconcile, Node, NodeParts};
 use crate::pb;
+use crate::raft::faults::Faults;
 use crate::raft::log_store::LogStore;
 use crate::raft::network::PeerClients;
 use crate::raft::service::PeerService;
@@ -128,7 +129,8 @@ pub async fn start(config: NodeConfig, listeners: Listeners) -> Result<RunningNo
         .open()?;
     let state = StateMachineStore::open(&db)?;
     let local = LocalEngine::open(&db, config.node_id, crate::fallback::NODE_SCOPE_TREE)?;
-    let peers = PeerClients::new(&config.cluster_id, config.node_id);
+    let faults = Faults::new(config.fault_injection);
+    let peers = PeerClients::new(&config.cluster_id, config.node_id, faults.clone());
     let raft = Raft::new(
         config.node_id,
         Arc::new(raft_config(&config)?),
@@ -162,12 +164,14 @@ pub async fn start(config: NodeConfig, listeners: Listeners) -> Result<RunningNo
             raft.clone(),
             &config,
             proposer,
+            faults.clone(),
             listeners.raft,
             stopped.clone(),
         )),
         tokio::spawn(serve_api(
             node.clone(),
             &config,
+            faults,
             listeners.api,
             stopped.clone(),
         )),
@@ -234,10 +238,11 @@ fn serve_peers(
     raft: Raft,
     config: &NodeConfig,
     proposer: Proposer,
+    faults: Faults,
     listener: TcpListener,
     stopped: watch::Receiver<bool>,
 ) -> impl std::future::Future<Output = ()> + Send + 'static {
-    let service = PeerService::new(raft, config.cluster_id.clone(), Arc::new(proposer));
+    let service = PeerService::new(raft, config.cluster_id.clone(), Arc::new(proposer), faults);
     let server = pb::internal::peer_server::PeerServer::new(service)
         .max_decoding_message_size(PEER_MESSAGE_BYTES_MAX)
         .max_encoding_message_size(PEER_MESSAGE_BYTES_MAX);
@@ -255,6 +260,7 @@ fn serve_peers(
 fn serve_api(
     node: Arc<Node>,
     config: &NodeConfig,
+    faults: Faults,
     listener: TcpListener,
     stopped: watch::Receiver<bool>,
 ) -> impl std::future::Future<Output = ()> + Send + 'static {
@@ -263,7 +269,7 @@ fn serve_api(
         claim_ttl_ms: config.claim_ttl_ms_default,
     };
     let fleet = pb::fleet_server::FleetServer::new(FleetService::new(node.clone(), defaults));
-    let admin = pb::internal::admin_server::AdminServer::new(AdminService::new(node));
+    let admin = pb::internal::admin_server::AdminServer::new(AdminService::new(node, faults));
     async move {
         let (health, health_service) = tonic_health::server::health_reporter();
         health

@@ -15,7 +15,8 @@ use crate::node::{Decided, DecidedBy, Node, NodeError};
 use crate::pb;
 use crate::pb::internal::admin_client::AdminClient;
 use crate::pb::internal::admin_server::Admin;
-use crate::pb::internal::{AddMemberRequest, AdminResponse, RemoveMemberRequest};
+use crate::pb::internal::{AddMemberRequest, AdminResponse, RemoveMemberRequest, SetFaultsRequest};
+use crate::raft::faults::{Fault, Faults};
 use crate::raft::MemberNode;
 use crate::state::{HitAnswer, SettleAnswer};
 use validate::{InvalidArgument, RequestDefaults};
@@ -199,12 +200,13 @@ impl pb::fleet_server::Fleet for FleetService {
 /// Membership administration for the `cluster` CLI; a follower forwards to the leader.
 pub struct AdminService {
     node: Arc<Node>,
+    faults: Faults,
 }
 
 impl AdminService {
     /// Serves membership changes of `node`.
-    pub fn new(node: Arc<Node>) -> Self {
-        Self { node }
+    pub fn new(node: Arc<Node>, faults: Faults) -> Self {
+        Self { node, faults }
     }
 }
 
@@ -266,5 +268,33 @@ impl Admin for AdminService {
             }
             Err(e) => Err(status_of(e)),
         }
+    }
+
+    async fn set_faults(
+        &self,
+        request: Request<SetFaultsRequest>,
+    ) -> Result<Response<AdminResponse>, Status> {
+        let mut rules = std::collections::HashMap::new();
+        for (i, fault) in request.into_inner().faults.into_iter().enumerate() {
+            let rule = match pb::internal::FaultKind::try_from(fault.kind) {
+                Ok(pb::internal::FaultKind::Drop) => Fault::Drop,
+                Ok(pb::internal::FaultKind::Blackhole) => Fault::Blackhole,
+                Ok(pb::internal::FaultKind::Delay) => {
+                    Fault::Delay(std::time::Duration::from_millis(fault.delay_ms))
+                }
+                _ => {
+                    let message = format!("faults[{i}].kind: must be DROP, BLACKHOLE or DELAY");
+                    return Err(Status::invalid_argument(message));
+                }
+            };
+            rules.insert(fault.peer_id, rule);
+        }
+        let count = rules.len();
+        self.faults
+            .set(rules)
+            .map_err(Status::failed_precondition)?;
+        Ok(Response::new(AdminResponse {
+            message: format!("{count} fault rules set"),
+        }))
     }
 }

@@ -49,6 +49,10 @@ pub struct ConfigFile {
     pub metrics_addr: Option<String>,
     /// Local fallback charges: `fair_share` (capacity / voters) or `full` (whole capacity).
     pub fallback_budget: Option<FallbackBudget>,
+    /// Lets the Admin `SetFaults` call drop, black-hole or delay Raft traffic. For fault
+    /// tests only; never set it on a production node.
+    #[serde(default)]
+    pub fault_injection: bool,
 }
 
 /// How much of a bucket's capacity a node grants on its own while the fleet is unreachable.
@@ -132,6 +136,7 @@ pub struct NodeConfig {
     pub snapshot_logs_kept: u64,
     pub metrics_addr: Option<SocketAddr>,
     pub fallback_budget: FallbackBudget,
+    pub fault_injection: bool,
 }
 
 impl NodeConfig {
@@ -252,6 +257,7 @@ impl NodeConfig {
                 .snapshot_logs_kept
                 .unwrap_or(Defaults::SNAPSHOT_LOGS_KEPT),
             fallback_budget: file.fallback_budget.unwrap_or_default(),
+            fault_injection: file.fault_injection,
             metrics_addr: file
                 .metrics_addr
                 .as_deref()

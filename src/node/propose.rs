@@ -129,6 +129,22 @@ async fn run_batcher(
     }
 }
 
+/// Hands each caller its own answer out of the batch's, in order.
+fn reply_all(batch: Vec<Queued>, outcome: ProposeResponse) {
+    for (i, queued) in batch.into_iter().enumerate() {
+        let answer = match &outcome {
+            Ok(answers) => answers
+                .get(i)
+                .cloned()
+                .ok_or_else(|| ProposeRefusal::Fatal {
+                    reason: "the fleet returned fewer answers than commands".to_owned(),
+                }),
+            Err(refusal) => Err(refusal.clone()),
+        };
+        let _ = queued.reply.send(answer);
+    }
+}
+
 /// Routes batches to the leader: `client_write` when this node leads, a `Propose` RPC to
 /// the leader otherwise.
 pub struct Router {
@@ -150,33 +166,16 @@ impl Router {
         }
     }
 
-    async fn commit_batch(&self, batch: Vec<Queued>) {
-        // Callers that already gave up are dropped before proposing: nobody will read their
-        // answer, and their command must not take effect behind their back.
-        let batch: Vec<Queued> = batch.into_iter().filter(|q| !q.reply.is_closed()).collect();
-        let Some(deadline) = batch.iter().map(|q| q.deadline).max() else {
-            return;
-        };
+    async fn commit_batch(&self, mut batch: Vec<Queued>) {
         metrics::histogram!("ankusa_batch_commands").record(batch.len() as f64);
-        let commands = batch.iter().map(|q| q.command.clone()).collect();
-        let result = self.commit(commands, deadline).await;
-        for (i, queued) in batch.into_iter().enumerate() {
-            let answer = match &result {
-                Ok(answers) => answers
-                    .get(i)
-                    .cloned()
-                    .ok_or_else(|| ProposeRefusal::Fatal {
-                        reason: "the fleet returned fewer answers than commands".to_owned(),
-                    }),
-                Err(refusal) => Err(refusal.clone()),
-            };
-            let _ = queued.reply.send(answer);
-        }
-    }
-
-    /// Commits `commands` as one entry, following leader changes until `deadline`.
-    async fn commit(&self, commands: Vec<Command>, deadline: Instant) -> ProposeResponse {
         loop {
+            // Callers that gave up (answered locally at their deadline) are dropped before
+            // every attempt: a command not yet sent must not take effect behind their back.
+            batch.retain(|queued| !queued.reply.is_closed());
+            let Some(deadline) = batch.iter().map(|queued| queued.deadline).max() else {
+                return;
+            };
+            let commands: Vec<Command> = batch.iter().map(|q| q.command.clone()).collect();
             let leader = self.raft.metrics().borrow().current_leader;
             let outcome = match leader {
                 Some(leader_id) if leader_id == self.node_id => {
@@ -185,12 +184,16 @@ impl Router {
                 Some(leader_id) => self.forward(leader_id, &commands, deadline).await,
                 None => Err(ProposeRefusal::NotLeader { leader_id: None }),
             };
-            match outcome {
+            let outcome = match outcome {
                 Err(ProposeRefusal::NotLeader { .. }) => {
-                    self.wait_for_leader_change(leader, deadline).await?
+                    match self.wait_for_leader_change(leader, deadline).await {
+                        Ok(()) => continue,
+                        Err(refusal) => Err(refusal),
+                    }
                 }
-                other => return other,
-            }
+                other => other,
+            };
+            return reply_all(batch, outcome);
         }
     }
 
@@ -245,7 +248,11 @@ impl Router {
             commands: commands.to_vec(),
             timeout_ms: u64::try_from(remaining.as_millis()).unwrap_or(u64::MAX),
         };
-        match self.peers.propose(&raft_addr, &request, remaining).await {
+        match self
+            .peers
+            .propose(leader_id, &raft_addr, &request, remaining)
+            .await
+        {
             Ok(response) => response,
             Err(e) if e.surely_not_delivered() => {
                 tracing::debug!(leader_id, error = %e, "leader unreachable, waiting for another");

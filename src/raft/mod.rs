@@ -10,6 +10,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::state::{FleetRequest, FleetResponse};
 
+pub mod faults;
 pub mod log_store;
 pub mod network;
 pub mod service;

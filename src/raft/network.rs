@@ -20,6 +20,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use tonic::transport::{Channel, Endpoint};
 
+use super::faults::{Fault, Faults};
 use super::{MemberNode, NodeId, ProposeRequest, ProposeResponse, TypeConfig};
 use crate::codec;
 use crate::pb::internal::peer_client::PeerClient;
@@ -53,6 +54,7 @@ impl PeerError {
 pub struct PeerClients {
     cluster_id: Arc<str>,
     from_node_id: NodeId,
+    faults: Faults,
     channels: Arc<Mutex<HashMap<String, PeerClient<Channel>>>>,
 }
 
@@ -66,11 +68,13 @@ enum Method {
 }
 
 impl PeerClients {
-    /// Clients that stamp `cluster_id` and our id on every call.
-    pub fn new(cluster_id: &str, from_node_id: NodeId) -> Self {
+    /// Clients that stamp `cluster_id` and our id on every call; `faults` are consulted
+    /// before each call (see [`Faults`]).
+    pub fn new(cluster_id: &str, from_node_id: NodeId, faults: Faults) -> Self {
         Self {
             cluster_id: Arc::from(cluster_id),
             from_node_id,
+            faults,
             channels: Arc::new(Mutex::new(HashMap::new())),
         }
     }
@@ -99,11 +103,25 @@ impl PeerClients {
 
     async fn call_raw(
         &self,
+        target: NodeId,
         raft_addr: &str,
         method: Method,
         payload: Vec<u8>,
         timeout: Duration,
     ) -> Result<Vec<u8>, PeerError> {
+        let addr = raft_addr.to_owned();
+        match self.faults.get(target) {
+            Some(Fault::Drop) => {
+                let reason = "fault injection: dropped".to_owned();
+                return Err(PeerError::Unreachable { addr, reason });
+            }
+            Some(Fault::Blackhole) => {
+                tokio::time::sleep(timeout).await;
+                return Err(PeerError::Timeout { addr, timeout });
+            }
+            Some(Fault::Delay(delay)) => tokio::time::sleep(delay.min(timeout)).await,
+            None => {}
+        }
         let mut client = self.client(raft_addr)?;
         let message = RaftMessage {
             cluster_id: self.cluster_id.to_string(),
@@ -118,7 +136,6 @@ impl PeerClients {
                 Method::Propose => client.propose(message).await,
             }
         };
-        let addr = raft_addr.to_owned();
         match tokio::time::timeout(timeout, call).await {
             Err(_) => Err(PeerError::Timeout { addr, timeout }),
             Ok(Err(status)) if status.code() == tonic::Code::Unavailable => {
@@ -137,6 +154,7 @@ impl PeerClients {
 
     async fn call<Req: Serialize, Resp: DeserializeOwned>(
         &self,
+        target: NodeId,
         raft_addr: &str,
         method: Method,
         request: &Req,
@@ -147,7 +165,9 @@ impl PeerClients {
             reason: e.to_string(),
         };
         let payload = codec::encode(request).map_err(garbled)?;
-        let answer = self.call_raw(raft_addr, method, payload, timeout).await?;
+        let answer = self
+            .call_raw(target, raft_addr, method, payload, timeout)
+            .await?;
         codec::decode(&answer).map_err(garbled)
     }
 
@@ -158,11 +178,12 @@ impl PeerClients {
     /// [`PeerError::surely_not_delivered`] says otherwise.
     pub async fn propose(
         &self,
+        target: NodeId,
         raft_addr: &str,
         request: &ProposeRequest,
         timeout: Duration,
     ) -> Result<ProposeResponse, PeerError> {
-        self.call(raft_addr, Method::Propose, request, timeout)
+        self.call(target, raft_addr, Method::Propose, request, timeout)
             .await
     }
 }
@@ -202,7 +223,13 @@ impl PeerConnection {
     {
         let answer: Result<Result<Resp, RaftError<NodeId, E>>, PeerError> = self
             .clients
-            .call(&self.raft_addr, method, request, option.hard_ttl())
+            .call(
+                self.target,
+                &self.raft_addr,
+                method,
+                request,
+                option.hard_ttl(),
+            )
             .await;
         match answer {
             Ok(Ok(response)) => Ok(response),

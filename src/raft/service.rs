@@ -1,4 +1,5 @@
-//! Incoming Raft traffic: the `Peer` gRPC service on `raft_addr`. It checks the cluster id,
+//! Incoming Raft traffic: the `Peer` gRPC service on `raft_addr`. It checks the cluster id
+//! (and, in fault tests, the sender's fault rule),
 //! decodes the openraft message, hands it to the local `Raft` (or, for `Propose`, to the
 //! node's proposal queue) and encodes the answer.
 //!
@@ -12,6 +13,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use tonic::{Request, Response, Status};
 
+use super::faults::{Fault, Faults};
 use super::{ProposeRequest, ProposeResponse, Raft};
 use crate::codec;
 use crate::pb::internal::peer_server::Peer;
@@ -31,20 +33,34 @@ pub struct PeerService {
     raft: Raft,
     cluster_id: String,
     proposals: Arc<dyn ProposalSink>,
+    faults: Faults,
 }
 
 impl PeerService {
     /// Serves `raft` to peers of `cluster_id`.
-    pub fn new(raft: Raft, cluster_id: String, proposals: Arc<dyn ProposalSink>) -> Self {
+    pub fn new(
+        raft: Raft,
+        cluster_id: String,
+        proposals: Arc<dyn ProposalSink>,
+        faults: Faults,
+    ) -> Self {
         Self {
             raft,
             cluster_id,
             proposals,
+            faults,
         }
     }
 
-    fn open<T: DeserializeOwned>(&self, request: Request<RaftMessage>) -> Result<T, Status> {
+    /// Checks the cluster id, applies any fault rule for the sender, decodes the payload.
+    async fn open<T: DeserializeOwned>(&self, request: Request<RaftMessage>) -> Result<T, Status> {
         let message = request.into_inner();
+        match self.faults.get(message.from_node_id) {
+            Some(Fault::Drop) => return Err(Status::unavailable("fault injection: dropped")),
+            Some(Fault::Blackhole) => std::future::pending::<()>().await,
+            Some(Fault::Delay(delay)) => tokio::time::sleep(delay).await,
+            None => {}
+        }
         if message.cluster_id != self.cluster_id {
             tracing::warn!(from_node_id = message.from_node_id, cluster_id = %message.cluster_id, "refused raft traffic from another cluster");
             return Err(Status::permission_denied(format!(
@@ -72,13 +88,13 @@ impl Peer for PeerService {
         &self,
         request: Request<RaftMessage>,
     ) -> Result<Response<RaftMessage>, Status> {
-        let rpc = self.open(request)?;
+        let rpc = self.open(request).await?;
         let answer = self.raft.append_entries(rpc).await;
         self.seal(&answer)
     }
 
     async fn vote(&self, request: Request<RaftMessage>) -> Result<Response<RaftMessage>, Status> {
-        let rpc = self.open(request)?;
+        let rpc = self.open(request).await?;
         let answer = self.raft.vote(rpc).await;
         self.seal(&answer)
     }
@@ -87,7 +103,7 @@ impl Peer for PeerService {
         &self,
         request: Request<RaftMessage>,
     ) -> Result<Response<RaftMessage>, Status> {
-        let rpc = self.open(request)?;
+        let rpc = self.open(request).await?;
         let answer = self.raft.install_snapshot(rpc).await;
         self.seal(&answer)
     }
@@ -96,7 +112,7 @@ impl Peer for PeerService {
         &self,
         request: Request<RaftMessage>,
     ) -> Result<Response<RaftMessage>, Status> {
-        let proposal: ProposeRequest = self.open(request)?;
+        let proposal: ProposeRequest = self.open(request).await?;
         let answer = self.proposals.propose(proposal).await;
         self.seal(&answer)
     }

@@ -1,0 +1,70 @@
+//! Fault injection in the Raft transport, for fault tests: per peer, drop (unreachable at
+//! once), black-hole (no answer until the caller's deadline) or delay traffic, both for
+//! calls this node makes and calls it receives. Off unless the node's config says
+//! `fault_injection = true`; then set through the Admin `SetFaults` call.
+//!
+//! A partition between A and B is a rule on each side; isolating a node is a rule for every
+//! peer on that node alone (it covers both directions there).
+
+use std::collections::HashMap;
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use super::NodeId;
+
+/// What happens to traffic with one peer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fault {
+    /// Refused at once, as if the peer were down.
+    Drop,
+    /// Never answered: the caller waits until its own deadline.
+    Blackhole,
+    /// Delivered after a delay.
+    Delay(Duration),
+}
+
+/// The node's fault rules, shared by its peer client and peer service.
+#[derive(Clone, Default)]
+pub struct Faults {
+    enabled: bool,
+    rules: Arc<RwLock<HashMap<NodeId, Fault>>>,
+}
+
+impl Faults {
+    /// Rules that can be set (`fault_injection = true`) or not.
+    pub fn new(enabled: bool) -> Self {
+        Self {
+            enabled,
+            rules: Arc::default(),
+        }
+    }
+
+    /// Replaces every rule; an empty map heals.
+    ///
+    /// # Errors
+    /// When fault injection is not enabled in this node's config.
+    pub fn set(&self, rules: HashMap<NodeId, Fault>) -> Result<(), &'static str> {
+        if !self.enabled {
+            return Err("fault injection is off (config key fault_injection)");
+        }
+        let mut current = match self.rules.write() {
+            Ok(guard) => guard,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        tracing::info!(?rules, "fault rules set");
+        *current = rules;
+        Ok(())
+    }
+
+    /// The rule for traffic with `peer`, if any.
+    pub fn get(&self, peer: NodeId) -> Option<Fault> {
+        if !self.enabled {
+            return None;
+        }
+        let rules = match self.rules.read() {
+            Ok(guard) => guard,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        rules.get(&peer).copied()
+    }
+}
