@@ -144,6 +144,7 @@ pub async fn start(config: NodeConfig, listeners: Listeners) -> Result<RunningNo
         batch_commands_max: config.batch_commands_max,
         queue_depth_max: config.queue_depth_max,
         proposals_in_flight_max: config.proposals_in_flight_max,
+        forwards_in_flight_max: config.forwards_in_flight_max,
     };
     let proposer = Proposer::start(
         Arc::new(Router::new(config.node_id, raft.clone(), peers)),

@@ -43,6 +43,7 @@ pub struct ConfigFile {
     pub batch_commands_max: Option<usize>,
     pub queue_depth_max: Option<usize>,
     pub proposals_in_flight_max: Option<usize>,
+    pub forwards_in_flight_max: Option<usize>,
     pub snapshot_logs_since_last: Option<u64>,
     /// Log entries kept behind a snapshot, so a briefly lagging follower needs no snapshot.
     pub snapshot_logs_kept: Option<u64>,
@@ -82,7 +83,8 @@ impl Defaults {
     pub const ELECTION_TIMEOUT_MS_MAX: u64 = 600;
     pub const BATCH_COMMANDS_MAX: usize = 512;
     pub const QUEUE_DEPTH_MAX: usize = 16_384;
-    pub const PROPOSALS_IN_FLIGHT_MAX: usize = 4;
+    pub const PROPOSALS_IN_FLIGHT_MAX: usize = 1;
+    pub const FORWARDS_IN_FLIGHT_MAX: usize = 16;
     pub const SNAPSHOT_LOGS_SINCE_LAST: u64 = 5_000;
     pub const SNAPSHOT_LOGS_KEPT: u64 = 1_000;
 }
@@ -132,6 +134,7 @@ pub struct NodeConfig {
     pub batch_commands_max: usize,
     pub queue_depth_max: usize,
     pub proposals_in_flight_max: usize,
+    pub forwards_in_flight_max: usize,
     pub snapshot_logs_since_last: u64,
     pub snapshot_logs_kept: u64,
     pub metrics_addr: Option<SocketAddr>,
@@ -243,6 +246,11 @@ impl NodeConfig {
                 "queue_depth_max",
                 file.queue_depth_max,
                 Defaults::QUEUE_DEPTH_MAX,
+            )?,
+            forwards_in_flight_max: positive(
+                "forwards_in_flight_max",
+                file.forwards_in_flight_max,
+                Defaults::FORWARDS_IN_FLIGHT_MAX,
             )?,
             proposals_in_flight_max: positive(
                 "proposals_in_flight_max",

@@ -5,7 +5,9 @@
 //!
 //! Adaptive by construction: a batch leaves as soon as an in-flight slot is free, so a lone
 //! caller goes at once and a busy node fills batches while the slots are taken. Bounded:
-//! `batch_commands_max`, `queue_depth_max` and `proposals_in_flight_max` are named limits,
+//! `batch_commands_max`, `queue_depth_max`, `proposals_in_flight_max` (entries a leader
+//! proposes at once) and `forwards_in_flight_max` (batches a follower forwards at once) are
+//! named limits,
 //! and a full queue is an answer (overloaded), not an unbounded wait.
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -36,7 +38,10 @@ struct Queued {
 pub struct BatchLimits {
     pub batch_commands_max: usize,
     pub queue_depth_max: usize,
+    /// Log entries this node proposes at once while it leads.
     pub proposals_in_flight_max: usize,
+    /// Batches this node forwards to the leader at once while it follows.
+    pub forwards_in_flight_max: usize,
 }
 
 /// The handle callers use; cheap to clone.
@@ -106,12 +111,19 @@ async fn run_batcher(
     router: Arc<Router>,
     limits: BatchLimits,
 ) {
-    let slots = Arc::new(Semaphore::new(limits.proposals_in_flight_max));
+    let write_slots = Arc::new(Semaphore::new(limits.proposals_in_flight_max));
+    let forward_slots = Arc::new(Semaphore::new(limits.forwards_in_flight_max));
     loop {
-        let Ok(slot) = slots.clone().acquire_owned().await else {
+        let Some(first) = receiver.recv().await else {
             return;
         };
-        let Some(first) = receiver.recv().await else {
+        // Commands queue up while the batch waits for a slot: that wait is the batching.
+        let slots = if router.is_leader() {
+            &write_slots
+        } else {
+            &forward_slots
+        };
+        let Ok(slot) = slots.clone().acquire_owned().await else {
             return;
         };
         let mut batch = vec![first];
@@ -195,6 +207,10 @@ impl Router {
             };
             return reply_all(batch, outcome);
         }
+    }
+
+    fn is_leader(&self) -> bool {
+        self.raft.metrics().borrow().current_leader == Some(self.node_id)
     }
 
     fn stamp_now_us(&self) -> u64 {
