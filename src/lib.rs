@@ -18,7 +18,7 @@
 //!    [`state::rules::apply_batch`]: pure rules, the entry's time, no IO.
 //! 5. The answers travel back the same way, one per caller, marked `DECIDED_BY_FLEET`.
 //!
-//! Snapshots ([`snapshot`]) are built off the hot path from a point-in-time image and kept
+//! Snapshots ([`snapshot`]) encode the point-in-time state off the async runtime and are kept
 //! in sled; a restarting node loads its snapshot and replays the log after it.
 
 // openraft's trait signatures fix `StorageError`/`RaftError` (over 128 bytes) as the error

@@ -9,4 +9,4 @@ pub mod rules;
 pub mod store;
 
 pub use model::*;
-pub use rules::{FleetState, StateImage};
+pub use rules::{FleetState, LiveImage, StateImage};

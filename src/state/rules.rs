@@ -7,6 +7,7 @@
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
@@ -21,8 +22,9 @@ const US_PER_MS: u64 = 1_000;
 /// Something that expires on its own: a bucket once its TAT passes, a claim at `expires_at`.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
 enum Expiring {
-    Bucket(BucketKey),
-    Claim(ClaimKey),
+    // Shared with the map's key: one allocation per item, however often it is re-queued.
+    Bucket(Arc<BucketKey>),
+    Claim(Arc<ClaimKey>),
 }
 
 /// A stored value and the deadline of its one responsible entry in the expiry queue.
@@ -40,8 +42,8 @@ struct Slot<V> {
 #[derive(Clone, Debug, Default)]
 pub struct FleetState {
     clock_us: u64,
-    buckets: HashMap<BucketKey, Slot<u64>>,
-    claims: HashMap<ClaimKey, Slot<ClaimRecord>>,
+    buckets: HashMap<Arc<BucketKey>, Slot<u64>>,
+    claims: HashMap<Arc<ClaimKey>, Slot<ClaimRecord>>,
     /// Min-heap of (deadline, item). Entries whose deadline is not the item's `queued_us`
     /// are stale (the item was removed and re-inserted) and are dropped when popped.
     expiry: BinaryHeap<Reverse<(u64, Expiring)>>,
@@ -53,6 +55,62 @@ pub struct StateImage {
     pub clock_us: u64,
     pub buckets: Vec<(BucketKey, u64)>,
     pub claims: Vec<(ClaimKey, ClaimRecord)>,
+}
+
+/// Serialises exactly like [`StateImage`] (the same bytes), straight from a state's maps:
+/// live items only, no intermediate copy. Snapshots use it, so building one costs the
+/// encoded size in memory, not a second copy of the state.
+pub struct LiveImage<'a>(pub &'a FleetState);
+
+impl Serialize for LiveImage<'_> {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct;
+        let mut image = serializer.serialize_struct("StateImage", 3)?;
+        image.serialize_field("clock_us", &self.0.clock_us)?;
+        image.serialize_field("buckets", &LiveBuckets(self.0))?;
+        image.serialize_field("claims", &LiveClaims(self.0))?;
+        image.end()
+    }
+}
+
+struct LiveBuckets<'a>(&'a FleetState);
+
+impl Serialize for LiveBuckets<'_> {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeSeq;
+        let clock_us = self.0.clock_us;
+        let live = || {
+            self.0
+                .buckets
+                .iter()
+                .filter(move |(_, slot)| slot.value > clock_us)
+        };
+        let mut seq = serializer.serialize_seq(Some(live().count()))?;
+        for (bucket, slot) in live() {
+            seq.serialize_element(&(&**bucket, slot.value))?;
+        }
+        seq.end()
+    }
+}
+
+struct LiveClaims<'a>(&'a FleetState);
+
+impl Serialize for LiveClaims<'_> {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeSeq;
+        let clock_us = self.0.clock_us;
+        let live = || {
+            self.0
+                .claims
+                .iter()
+                .filter(move |(_, slot)| slot.value.expires_at_us > clock_us)
+        };
+        let mut seq = serializer.serialize_seq(Some(live().count()))?;
+        for (key, slot) in live() {
+            seq.serialize_element(&(&**key, &slot.value))?;
+        }
+        seq.end()
+    }
 }
 
 impl FleetState {
@@ -109,14 +167,14 @@ impl FleetState {
         let clock_us = self.clock_us;
         match item {
             Expiring::Bucket(bucket) => {
-                let Some(slot) = self.buckets.get_mut(&bucket) else {
+                let Some(slot) = self.buckets.get_mut(&*bucket) else {
                     return;
                 };
                 if slot.queued_us != deadline_us {
                     return;
                 }
                 if slot.value <= clock_us {
-                    self.buckets.remove(&bucket);
+                    self.buckets.remove(&*bucket);
                 } else {
                     slot.queued_us = slot.value;
                     self.expiry
@@ -124,7 +182,7 @@ impl FleetState {
                 }
             }
             Expiring::Claim(key) => {
-                let Some(slot) = self.claims.get_mut(&key) else {
+                let Some(slot) = self.claims.get_mut(&*key) else {
                     return;
                 };
                 if slot.queued_us != deadline_us {
@@ -132,7 +190,7 @@ impl FleetState {
                 }
                 let expires_at_us = slot.value.expires_at_us;
                 if expires_at_us <= clock_us {
-                    self.claims.remove(&key);
+                    self.claims.remove(&*key);
                 } else {
                     slot.queued_us = expires_at_us;
                     self.expiry
@@ -150,13 +208,15 @@ impl FleetState {
                 slot.value = tat_us;
                 if tat_us < slot.queued_us {
                     slot.queued_us = tat_us;
+                    let bucket = Arc::new(bucket);
                     self.expiry
                         .push(Reverse((tat_us, Expiring::Bucket(bucket))));
                 }
             }
             None => {
+                let bucket = Arc::new(bucket);
                 self.expiry
-                    .push(Reverse((tat_us, Expiring::Bucket(bucket.clone()))));
+                    .push(Reverse((tat_us, Expiring::Bucket(Arc::clone(&bucket)))));
                 let slot = Slot {
                     value: tat_us,
                     queued_us: tat_us,
@@ -174,13 +234,15 @@ impl FleetState {
                 slot.value = record;
                 if expires_at_us < slot.queued_us {
                     slot.queued_us = expires_at_us;
+                    let key = Arc::new(key);
                     self.expiry
                         .push(Reverse((expires_at_us, Expiring::Claim(key))));
                 }
             }
             None => {
+                let key = Arc::new(key);
                 self.expiry
-                    .push(Reverse((expires_at_us, Expiring::Claim(key.clone()))));
+                    .push(Reverse((expires_at_us, Expiring::Claim(Arc::clone(&key)))));
                 let slot = Slot {
                     value: record,
                     queued_us: expires_at_us,
@@ -211,13 +273,13 @@ impl FleetState {
                 .buckets
                 .iter()
                 .filter(|(_, slot)| slot.value > clock_us)
-                .map(|(k, slot)| (k.clone(), slot.value))
+                .map(|(k, slot)| (BucketKey::clone(k), slot.value))
                 .collect(),
             claims: self
                 .claims
                 .iter()
                 .filter(|(_, slot)| slot.value.expires_at_us > clock_us)
-                .map(|(k, slot)| (k.clone(), slot.value.clone()))
+                .map(|(k, slot)| (ClaimKey::clone(k), slot.value.clone()))
                 .collect(),
         }
     }

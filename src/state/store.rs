@@ -1,9 +1,9 @@
 //! The openraft state machine: applies committed entries to the in-memory [`FleetState`]
 //! and keeps the latest snapshot in sled.
 //!
-//! Applying never reads a clock (the entry carries the leader's time). Snapshots are built
-//! from a point-in-time image taken under the lock, then encoded and written off the async
-//! runtime; installing a snapshot replaces the state, it never merges into it.
+//! Applying never reads a clock (the entry carries the leader's time). A snapshot is the
+//! point-in-time state encoded under the lock on the blocking pool (no copy of the state),
+//! then written to sled; installing a snapshot replaces the state, it never merges into it.
 
 use std::io::Cursor;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -139,29 +139,31 @@ fn applied_from_body(body: SnapshotBody) -> Applied {
 }
 
 impl RaftSnapshotBuilder<TypeConfig> for StateMachineStore {
+    /// Encodes the live state straight from the maps, under the state lock, on the
+    /// blocking pool: applying pauses for the encode (hundreds of ms at millions of items),
+    /// but no second copy of the state is ever made — the snapshot costs its encoded size.
     async fn build_snapshot(&mut self) -> Result<Snapshot, StorageError> {
-        let body = {
-            let applied = self.lock();
-            SnapshotBody {
-                last_applied: applied.last_applied,
-                membership: applied.membership.clone(),
-                image: applied.state.image(),
-            }
-        };
+        let store = self.clone();
+        let encoded = tokio::task::spawn_blocking(move || {
+            let applied = store.lock();
+            let data =
+                snapshot::encode_live(applied.last_applied, &applied.membership, &applied.state);
+            (applied.last_applied, applied.membership.clone(), data)
+        })
+        .await
+        .map_err(|e| StorageIOError::write_snapshot(None, &e))?;
+        let (last_applied, membership, data) = encoded;
         let seq = self.inner.snapshot_seq.fetch_add(1, Ordering::Relaxed);
-        let snapshot_id = match body.last_applied {
+        let snapshot_id = match last_applied {
             Some(log_id) => format!("{}-{}-{seq}", log_id.leader_id, log_id.index),
             None => format!("empty-{seq}"),
         };
         let meta = SnapshotMeta {
-            last_log_id: body.last_applied,
-            last_membership: body.membership.clone(),
+            last_log_id: last_applied,
+            last_membership: membership,
             snapshot_id,
         };
-        let data = tokio::task::spawn_blocking(move || snapshot::encode(&body))
-            .await
-            .map_err(|e| StorageIOError::write_snapshot(Some(meta.signature()), &e))?
-            .map_err(|e| StorageIOError::write_snapshot(Some(meta.signature()), &e))?;
+        let data = data.map_err(|e| StorageIOError::write_snapshot(Some(meta.signature()), &e))?;
         let stored = StoredSnapshot { meta, data };
         self.persist(&stored).await?;
         tracing::info!(snapshot_id = %stored.meta.snapshot_id, size_bytes = stored.data.len(), "snapshot built");
