@@ -25,6 +25,14 @@ pub struct BenchPlan {
     pub settle: bool,
     pub node_scope: bool,
     pub timeout_ms: u32,
+    /// Every hit's charge: increment and capacity of its tenant's hooks bucket. A large
+    /// increment keeps the buckets live (for memory runs); the default never limits.
+    pub increment_us: u64,
+    pub capacity_us: u64,
+    /// Pending lifetime of each hit's claim.
+    pub pending_ttl_ms: u64,
+    /// Stop once this many hits were sent in total (0: run for `duration`).
+    pub hits_max: u64,
 }
 
 /// The JSON summary printed at the end.
@@ -49,6 +57,8 @@ pub struct BenchSummary {
 
 #[derive(Default)]
 struct Counters {
+    /// Hits started (for `hits_max`).
+    sent: AtomicU64,
     hits: AtomicU64,
     settles: AtomicU64,
     allowed: AtomicU64,
@@ -76,8 +86,8 @@ fn hit_request(plan: &BenchPlan, caller: usize, seq: u64) -> pb::HitRequest {
         charges: vec![pb::Charge {
             kind: pb::Kind::Hooks as i32,
             tenant: tenant.clone(),
-            increment_us: 1,
-            capacity_us: 1_000_000_000,
+            increment_us: plan.increment_us,
+            capacity_us: plan.capacity_us,
         }],
         claim: Some(pb::Claim {
             tenant,
@@ -85,7 +95,7 @@ fn hit_request(plan: &BenchPlan, caller: usize, seq: u64) -> pb::HitRequest {
             key: format!("{caller}-{seq}-{}", std::process::id()),
             hook_id: format!("hook-{caller}-{seq}"),
             ttl_ms: 600_000,
-            pending_ttl_ms: 60_000,
+            pending_ttl_ms: plan.pending_ttl_ms,
         }),
         timeout_ms: plan.timeout_ms,
         rate_limit_scope: scope,
@@ -124,6 +134,9 @@ async fn caller(
     let mut latencies = histogram();
     let mut seq = 0u64;
     while Instant::now() < until {
+        if plan.hits_max > 0 && counters.sent.fetch_add(1, Ordering::Relaxed) >= plan.hits_max {
+            break;
+        }
         seq += 1;
         let request = hit_request(&plan, index, seq);
         let started = Instant::now();

@@ -55,6 +55,16 @@ enum Cmd {
         node_scope: bool,
         #[arg(long, default_value_t = 5000)]
         timeout_ms: u32,
+        /// Charge increment per hit (a large one keeps every tenant's bucket live).
+        #[arg(long, default_value_t = 1)]
+        increment_us: u64,
+        #[arg(long, default_value_t = 1_000_000_000)]
+        capacity_us: u64,
+        #[arg(long, default_value_t = 60_000)]
+        pending_ttl_ms: u64,
+        /// Stop after this many hits in total (0: run for --duration-s).
+        #[arg(long, default_value_t = 0)]
+        hits: u64,
     },
     /// Inspect or change membership through any node.
     Cluster {
@@ -135,6 +145,10 @@ async fn main() -> anyhow::Result<()> {
             settle,
             node_scope,
             timeout_ms,
+            increment_us,
+            capacity_us,
+            pending_ttl_ms,
+            hits,
         } => {
             let plan = bench::BenchPlan {
                 api_addrs: addrs,
@@ -144,6 +158,10 @@ async fn main() -> anyhow::Result<()> {
                 settle,
                 node_scope,
                 timeout_ms,
+                increment_us,
+                capacity_us,
+                pending_ttl_ms,
+                hits_max: hits,
             };
             let summary = bench::run(plan).await?;
             println!("{}", serde_json::to_string_pretty(&summary)?);
