@@ -172,8 +172,11 @@ async fn caller(
 /// # Errors
 /// When a node cannot be reached at the start.
 pub async fn run(plan: BenchPlan) -> anyhow::Result<BenchSummary> {
-    let mut clients = Vec::new();
-    for addr in &plan.api_addrs {
+    // One connection per caller, like separate edge workers: callers sharing one HTTP/2
+    // connection would measure that connection, not the node.
+    let mut clients = Vec::with_capacity(plan.callers);
+    for i in 0..plan.callers {
+        let addr = &plan.api_addrs[i % plan.api_addrs.len()];
         let client = FleetClient::connect(format!("http://{addr}"))
             .await
             .with_context(|| format!("connecting to {addr}"))?;
@@ -185,7 +188,7 @@ pub async fn run(plan: BenchPlan) -> anyhow::Result<BenchSummary> {
     let until = started + plan.duration;
     let tasks: Vec<_> = (0..plan.callers)
         .map(|i| {
-            let client = clients[i % clients.len()].clone();
+            let client = clients[i].clone();
             tokio::spawn(caller(plan.clone(), i, client, counters.clone(), until))
         })
         .collect();

@@ -33,13 +33,16 @@ pub async fn status(api_addr: &str) -> anyhow::Result<pb::StatusResponse> {
     Ok(client.status(pb::StatusRequest {}).await?.into_inner())
 }
 
-/// Prints a node's status as a small table.
+/// Prints a node's status as a small table (a closed pipe, e.g. `| head`, is not an error).
 pub fn print_status(status: &pb::StatusResponse) {
+    use std::io::Write;
     let leader = match status.leader_id {
         0 => "none known".to_owned(),
         id => id.to_string(),
     };
-    println!(
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(
+        out,
         "node {}  leader {}  term {}  last_applied {}{}",
         status.node_id,
         leader,
@@ -49,7 +52,8 @@ pub fn print_status(status: &pb::StatusResponse) {
     );
     for member in &status.members {
         let role = if member.voter { "voter" } else { "learner" };
-        println!(
+        let _ = writeln!(
+            out,
             "  {:>4}  {:<8} api {:<22} raft {}",
             member.id, role, member.api_addr, member.raft_addr
         );
