@@ -615,3 +615,102 @@ impl Applied {
         (self.term == earlier.term).then(|| self.last_applied - earlier.last_applied)
     }
 }
+
+// ---- helpers for the fallback fault tests (process signals, transport faults) ----
+
+impl TestNode {
+    /// The process id of the running child, if it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+}
+
+impl Fleet {
+    /// Writes every config of an `n`-voter fleet but starts only the nodes in `running`; the
+    /// others can be started later with [`Fleet::restart`].
+    pub fn start_some(n: u64, running: &[u64], extra: &str) -> Fleet {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let initial: Vec<NodeSpec> = (1..=n).map(spec).collect();
+        let mut fleet = Fleet {
+            dir,
+            nodes: BTreeMap::new(),
+            initial: initial.clone(),
+        };
+        for node in &initial {
+            let data_dir = fleet.dir.path().join(format!("node{}", node.id));
+            let config_path = fleet.dir.path().join(format!("node{}.toml", node.id));
+            std::fs::write(&config_path, config_text(node, &data_dir, &initial, extra))
+                .expect("write config");
+            let mut test_node = TestNode {
+                spec: node.clone(),
+                config_path,
+                log_path: fleet.dir.path().join(format!("node{}.log", node.id)),
+                child: None,
+            };
+            if running.contains(&node.id) {
+                spawn(&mut test_node);
+            }
+            fleet.nodes.insert(node.id, test_node);
+        }
+        fleet
+    }
+
+    fn signal(&self, id: u64, signal: &str) {
+        let pid = self.nodes[&id]
+            .pid()
+            .unwrap_or_else(|| panic!("node {id} does not run"));
+        let status = Command::new("kill")
+            .args([signal, &pid.to_string()])
+            .status()
+            .expect("run kill");
+        assert!(status.success(), "kill {signal} {pid} failed");
+    }
+
+    /// SIGSTOP: the process freezes (no answer, no timer) until [`Fleet::resume`].
+    pub fn pause(&self, id: u64) {
+        self.signal(id, "-STOP");
+    }
+
+    /// SIGCONT after [`Fleet::pause`].
+    pub fn resume(&self, id: u64) {
+        self.signal(id, "-CONT");
+    }
+
+    /// Replaces node `id`'s transport fault rules (its config needs `fault_injection = true`);
+    /// an empty list heals. A rule for peer P covers both directions at node `id`.
+    pub async fn set_faults(&self, id: u64, faults: &[(u64, pb::internal::FaultKind)]) {
+        use pb::internal::admin_client::AdminClient;
+        let request = pb::internal::SetFaultsRequest {
+            faults: faults
+                .iter()
+                .map(|(peer_id, kind)| pb::internal::PeerFault {
+                    peer_id: *peer_id,
+                    kind: *kind as i32,
+                    delay_ms: 0,
+                })
+                .collect(),
+        };
+        let mut admin = AdminClient::connect(format!("http://{}", self.api_addr(id)))
+            .await
+            .unwrap_or_else(|e| self.fail(&format!("admin client for node {id}: {e}")));
+        if let Err(e) = admin.set_faults(request).await {
+            self.fail(&format!("set_faults on node {id}: {e}"));
+        }
+    }
+
+    /// Cuts node `id` off from every other node with `kind` rules set on `id` alone.
+    pub async fn isolate(&self, id: u64, kind: pb::internal::FaultKind) {
+        let faults: Vec<(u64, pb::internal::FaultKind)> = self
+            .nodes
+            .keys()
+            .filter(|peer| **peer != id)
+            .map(|peer| (*peer, kind))
+            .collect();
+        self.set_faults(id, &faults).await;
+    }
+
+    /// Clears node `id`'s fault rules.
+    pub async fn heal(&self, id: u64) {
+        self.set_faults(id, &[]).await;
+    }
+}
