@@ -723,8 +723,6 @@ async fn settles_queued_before_a_kill_9_are_applied_after_restart() {
 /// then drops as a conflict: the stored hook's key reads `pending` for a hook nobody stored,
 /// and free once that expires (pending_ttl_ms): the webhook is accepted a second time.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "bug: a cut-off leader's late-committed retry (answered duplicate locally) makes \
-            reconciliation drop the queued commit as a conflict"]
 async fn a_late_commit_of_a_local_duplicate_keeps_the_queued_commit() {
     init_tracing();
     const TENANT: &str = "late";

@@ -7,12 +7,15 @@
 //!    its hook, with the time it has left. `Allowed` (the fleet had nothing, or already
 //!    had it for this hook): forgotten locally. `Duplicate`/`Pending` for another hook: a
 //!    conflict — the fleet's holder is kept, never overwritten; counted and logged.
-//! 2. Then queued settles, oldest first: applied as ordinary settles (commit re-creates an
-//!    absent claim; release of an absent claim is settled). A `Conflict` keeps the fleet's
-//!    holder: counted, logged, and the settle is dropped from the queue.
+//! 2. Then queued settles, oldest first per key: a commit goes as `ReconcileCommit` (like a
+//!    commit, but it replaces a claim held pending for another hook by this same node: that
+//!    can only be a late commit of a hit this node already answered locally); a release is
+//!    an ordinary release. A `Conflict` keeps the fleet's holder: counted, logged, and the
+//!    settle leaves the queue.
 //! 3. Then charges: one `Absorb` per bucket with the summed increments, capped at one burst
 //!    window, so locally granted hits spend the fleet budget.
 //!
+//! Proposals of one step go out together (up to 256 at once) and share log entries.
 //! A step that gets no answer stops the round; everything not yet applied stays queued for
 //! the next round (also across a restart, for claims and settles).
 
@@ -24,7 +27,10 @@ use tokio::time::Instant;
 
 use super::{Node, NodeError};
 use crate::fallback::wall_clock_us;
-use crate::state::{Answer, ClaimRequest, Command, HitAnswer, SettleAnswer};
+use std::collections::HashSet;
+
+use crate::fallback::queue::QueuedSettle;
+use crate::state::{Answer, ClaimRequest, Command, HitAnswer, SettleAnswer, SettleOutcome};
 
 /// How often the reconciler looks for local decisions to hand over.
 const ROUND_INTERVAL: Duration = Duration::from_millis(200);
@@ -65,55 +71,102 @@ fn conflict(what: &'static str) {
     metrics::counter!("ankusa_reconcile_conflicts_total", "what" => what).increment(1);
 }
 
+/// Most proposals of one round in flight at once (they share log entries).
+const ROUND_PROPOSALS_MAX: usize = 256;
+
 async fn claims(node: &Node) -> Result<(), NodeError> {
     let now_us = wall_clock_us();
-    for (key, record) in node.fallback().engine.pending_claims() {
-        let claim = ClaimRequest {
-            key: key.clone(),
-            hook_id: record.hook_id.clone(),
-            ttl_ms: record.ttl_ms,
-            pending_ttl_ms: record
-                .expires_at_us
-                .saturating_sub(now_us)
-                .div_ceil(1_000)
-                .max(1),
-        };
-        let hit = Command::Hit {
-            charges: Vec::new(),
-            claim: Some(claim),
-            node: node.id(),
-        };
-        let answer = node
-            .propose_hit(hit, Instant::now() + PROPOSAL_TIMEOUT)
-            .await?;
-        if answer != HitAnswer::Allowed {
-            conflict("claim");
-            tracing::warn!(?key, local_hook_id = %record.hook_id, fleet = ?answer, "reconcile: the fleet holds this key for another hook; kept the fleet's");
+    let pending = node.fallback().engine.pending_claims();
+    for chunk in pending.chunks(ROUND_PROPOSALS_MAX) {
+        let deadline = Instant::now() + PROPOSAL_TIMEOUT;
+        let proposals = chunk.iter().map(|(key, record)| {
+            let claim = ClaimRequest {
+                key: key.clone(),
+                hook_id: record.hook_id.clone(),
+                ttl_ms: record.ttl_ms,
+                pending_ttl_ms: record
+                    .expires_at_us
+                    .saturating_sub(now_us)
+                    .div_ceil(1_000)
+                    .max(1),
+            };
+            let hit = Command::Hit {
+                charges: Vec::new(),
+                claim: Some(claim),
+                node: node.id(),
+            };
+            node.propose_hit(hit, deadline)
+        });
+        let answers = futures::future::join_all(proposals).await;
+        for ((key, record), answer) in chunk.iter().zip(answers) {
+            let answer = answer?;
+            if answer != HitAnswer::Allowed {
+                conflict("claim");
+                tracing::warn!(?key, local_hook_id = %record.hook_id, fleet = ?answer, "reconcile: the fleet holds this key for another hook; kept the fleet's");
+            }
+            node.fallback().engine.forget(key, record)?;
         }
-        node.fallback().engine.forget(&key, &record)?;
     }
     Ok(())
 }
 
-async fn settles(node: &Node) -> Result<(), NodeError> {
-    for (seq, queued) in node.fallback().queue.all()? {
-        let settle = Command::Settle {
+/// The command a queued settle becomes: a commit may replace a late pending claim of this
+/// same node (see [`Command::ReconcileCommit`]); a release is an ordinary release.
+fn settle_command(queued: &QueuedSettle, node_id: u64) -> Command {
+    match queued.outcome {
+        SettleOutcome::Commit => Command::ReconcileCommit {
             key: queued.key.clone(),
             hook_id: queued.hook_id.clone(),
-            outcome: queued.outcome,
             ttl_ms: queued.ttl_ms,
-            node: node.id(),
-        };
-        let answer = node
-            .propose(settle, Instant::now() + PROPOSAL_TIMEOUT)
-            .await?;
-        if let Answer::Settle(SettleAnswer::Conflict { holder }) = &answer {
-            conflict("settle");
-            tracing::warn!(key = ?queued.key, hook_id = %queued.hook_id, holder = %holder, "reconcile: queued settle conflicts; kept the fleet's holder");
+            node: node_id,
+        },
+        SettleOutcome::Release => Command::Settle {
+            key: queued.key.clone(),
+            hook_id: queued.hook_id.clone(),
+            outcome: SettleOutcome::Release,
+            ttl_ms: queued.ttl_ms,
+            node: node_id,
+        },
+    }
+}
+
+/// Queued settles in chunks that never hold one key twice, so settles of the same key stay
+/// in their queue order while different keys share entries.
+fn settle_chunks(queued: Vec<(u64, QueuedSettle)>) -> Vec<Vec<(u64, QueuedSettle)>> {
+    let mut chunks: Vec<Vec<(u64, QueuedSettle)>> = Vec::new();
+    let mut keys = HashSet::new();
+    for item in queued {
+        let full = chunks
+            .last()
+            .is_none_or(|chunk| chunk.len() >= ROUND_PROPOSALS_MAX);
+        if full || !keys.insert(item.1.key.clone()) {
+            keys.clear();
+            keys.insert(item.1.key.clone());
+            chunks.push(Vec::new());
         }
-        node.fallback().queue.remove(seq)?;
-        node.fallback().engine.forget_any(&queued.key)?;
-        metrics::counter!("ankusa_reconciled_total", "what" => "settle").increment(1);
+        if let Some(chunk) = chunks.last_mut() {
+            chunk.push(item);
+        }
+    }
+    chunks
+}
+
+async fn settles(node: &Node) -> Result<(), NodeError> {
+    for chunk in settle_chunks(node.fallback().queue.all()?) {
+        let deadline = Instant::now() + PROPOSAL_TIMEOUT;
+        let proposals = chunk
+            .iter()
+            .map(|(_, queued)| node.propose(settle_command(queued, node.id()), deadline));
+        let answers = futures::future::join_all(proposals).await;
+        for ((seq, queued), answer) in chunk.iter().zip(answers) {
+            if let Answer::Settle(SettleAnswer::Conflict { holder }) = &answer? {
+                conflict("settle");
+                tracing::warn!(key = ?queued.key, hook_id = %queued.hook_id, holder = %holder, "reconcile: queued settle conflicts; kept the fleet's holder");
+            }
+            node.fallback().queue.remove(*seq)?;
+            node.fallback().engine.forget_any(&queued.key)?;
+            metrics::counter!("ankusa_reconciled_total", "what" => "settle").increment(1);
+        }
     }
     Ok(())
 }

@@ -145,6 +145,18 @@ pub enum Command {
     },
     /// SPEC section 10: forget the tenant's hooks and bytes buckets.
     Reset { tenant: TenantId },
+    /// A commit the node queued while cut off, applied by reconciliation (SPEC section 7).
+    /// Like a settle commit, except that a claim held *pending* for another hook by the
+    /// same node is replaced: that pending claim can only be a late commit of a hit the
+    /// node already answered locally, while this commit means the hook is stored. Losing
+    /// the commit would let a redelivery of a stored hook through; keeping both at worst
+    /// delivers twice.
+    ReconcileCommit {
+        key: ClaimKey,
+        hook_id: HookId,
+        ttl_ms: u64,
+        node: NodeId,
+    },
     /// Account for charges a node granted on its own while cut off (SPEC section 7): each
     /// bucket is charged without the capacity check, but never past `now + capacity_us`,
     /// so a node's local grants spend the fleet budget without locking it for longer than

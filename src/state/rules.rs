@@ -336,7 +336,32 @@ pub fn apply(state: &mut FleetState, command: &Command, now_us: u64) -> Answer {
             absorb(state, charges, now_us);
             Answer::Absorbed
         }
+        Command::ReconcileCommit {
+            key,
+            hook_id,
+            ttl_ms,
+            node,
+        } => Answer::Settle(reconcile_commit(
+            state, key, hook_id, *ttl_ms, *node, now_us,
+        )),
     }
+}
+
+fn reconcile_commit(
+    state: &mut FleetState,
+    key: &ClaimKey,
+    hook_id: &HookId,
+    ttl_ms: u64,
+    node: NodeId,
+    now_us: u64,
+) -> SettleAnswer {
+    let own_late_pending = state.claim(key).is_some_and(|record| {
+        record.state == ClaimState::Pending && record.node == node && record.hook_id != *hook_id
+    });
+    if own_late_pending {
+        state.remove_claim(key);
+    }
+    commit(state, key, hook_id, ttl_ms, node, now_us)
 }
 
 fn absorb(state: &mut FleetState, charges: &[Charge], now_us: u64) {

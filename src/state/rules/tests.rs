@@ -8,7 +8,7 @@ use proptest::prelude::*;
 use super::{apply_batch, gcra, FleetState, StateImage};
 use crate::state::model::{
     Answer, BucketKey, Charge, ClaimKey, ClaimRecord, ClaimRequest, ClaimState, Command, EntityId,
-    HitAnswer, HookId, Kind, NodeId, SettleAnswer, SettleOutcome, TenantId,
+    HitAnswer, HookId, Kind, NodeId, SettleAnswer, SettleOutcome, SourceId, TenantId,
 };
 
 // ---------------------------------------------------------------------------------------
@@ -1290,6 +1290,22 @@ impl Model {
                 outcome: SettleOutcome::Release,
                 ..
             } => Answer::Settle(self.release(key, hook_id)),
+            Command::ReconcileCommit {
+                key,
+                hook_id,
+                ttl_ms,
+                node,
+            } => {
+                let own_late_pending = self.claim(key).is_some_and(|record| {
+                    record.state == ClaimState::Pending
+                        && record.node == *node
+                        && record.hook_id != *hook_id
+                });
+                if own_late_pending {
+                    self.claims.remove(key);
+                }
+                Answer::Settle(self.commit(key, hook_id, *ttl_ms, *node))
+            }
             Command::Absorb { charges } => {
                 let now_us = self.clock_us;
                 for charge in charges {
@@ -1507,6 +1523,14 @@ fn arb_command() -> impl Strategy<Value = Command> {
             .prop_map(|(charges, claim, node)| Command::Hit { charges, claim, node }),
         1 => arb_charges().prop_map(|charges| Command::ProbeCharges { charges }),
         1 => arb_charges().prop_map(|charges| Command::Absorb { charges }),
+        1 => (arb_claim_key(), arb_hook_id(), 1u64..=8_000, node.clone()).prop_map(
+            |(key, hook_id, ttl_ms, node)| Command::ReconcileCommit {
+                key,
+                hook_id,
+                ttl_ms,
+                node,
+            }
+        ),
         4 => (arb_claim_key(), arb_hook_id(), outcome, 1u64..=8_000, node).prop_map(
             |(key, hook_id, outcome, ttl_ms, node)| Command::Settle {
                 key,
@@ -1594,4 +1618,64 @@ proptest! {
             prop_assert_eq!(sorted_image(&restored), sorted_image(&state));
         }
     }
+}
+
+// ReconcileCommit (SPEC section 7: a queued commit handed to the fleet)
+
+fn reconcile_commit(key: &ClaimKey, hook_id: &str, node: NodeId) -> Command {
+    Command::ReconcileCommit {
+        key: key.clone(),
+        hook_id: HookId::from(hook_id),
+        ttl_ms: 5_000,
+        node,
+    }
+}
+
+fn pending_by(key: &ClaimKey, hook_id: &str, node: NodeId) -> Command {
+    Command::Hit {
+        charges: Vec::new(),
+        claim: Some(ClaimRequest {
+            key: key.clone(),
+            hook_id: HookId::from(hook_id),
+            ttl_ms: 5_000,
+            pending_ttl_ms: 60_000,
+        }),
+        node,
+    }
+}
+
+#[test]
+fn a_reconciled_commit_replaces_a_late_pending_claim_of_its_own_node() {
+    let key = ClaimKey {
+        tenant: TenantId::from("t"),
+        source_id: SourceId::from("s"),
+        key: "k".to_owned(),
+    };
+    let mut state = FleetState::default();
+    apply_batch(&mut state, &[pending_by(&key, "retry", 7)], T0_US);
+    let answers = apply_batch(&mut state, &[reconcile_commit(&key, "stored", 7)], T0_US);
+    assert_eq!(answers, vec![Answer::Settle(SettleAnswer::Recreated)]);
+    let record = state.claim(&key).expect("committed");
+    assert_eq!(record.state, ClaimState::Committed);
+    assert_eq!(record.hook_id, HookId::from("stored"));
+}
+
+#[test]
+fn a_reconciled_commit_still_conflicts_with_other_nodes_and_commits() {
+    let key = ClaimKey {
+        tenant: TenantId::from("t"),
+        source_id: SourceId::from("s"),
+        key: "k".to_owned(),
+    };
+    let mut state = FleetState::default();
+    apply_batch(&mut state, &[pending_by(&key, "theirs", 8)], T0_US);
+    let answers = apply_batch(&mut state, &[reconcile_commit(&key, "mine", 7)], T0_US);
+    let conflict = Answer::Settle(SettleAnswer::Conflict {
+        holder: HookId::from("theirs"),
+    });
+    assert_eq!(answers, vec![conflict]);
+    assert_eq!(
+        state.claim(&key).expect("kept").hook_id,
+        HookId::from("theirs")
+    );
 }
