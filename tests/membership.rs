@@ -76,9 +76,11 @@ async fn wait_caught_up(fleet: &Fleet, id: u64, leader: u64, index: u64) {
 }
 
 /// A snapshot every 20 entries and no log kept behind it: the leader's log is purged
-/// almost at once, so a joining node can only catch up by snapshot.
+/// almost at once, so a joining node can only catch up by snapshot. One command per entry,
+/// so the test's writes make many entries (group commit would fold them into a few).
 const SNAPSHOT_EVERY_20: &str = "snapshot_logs_since_last = 20\n\
-                                 snapshot_logs_kept = 0";
+                                 snapshot_logs_kept = 0\n\
+                                 batch_commands_max = 1";
 
 /// The log index of the newest snapshot node `id` logged as built. The state store names a
 /// snapshot `{leader_id}-{index}-{seq}` (e.g. `T1-N2-1180-55`).
