@@ -57,7 +57,7 @@ pub struct BenchSummary {
 
 #[derive(Default)]
 struct Counters {
-    /// Hits started (for `hits_max`).
+    /// Hits started: the run-wide sequence number (tenants, `hits_max`).
     sent: AtomicU64,
     hits: AtomicU64,
     settles: AtomicU64,
@@ -72,11 +72,10 @@ fn histogram() -> Histogram<u64> {
     Histogram::new_with_bounds(1, 60_000_000, 3).unwrap_or_else(|_| unreachable!("constant bounds"))
 }
 
-fn hit_request(plan: &BenchPlan, caller: usize, seq: u64) -> pb::HitRequest {
-    let tenant = format!(
-        "tenant-{}",
-        (caller as u64 * 7919 + seq) % plan.tenants.max(1)
-    );
+/// Hit number `global_seq` of the run (unique across callers): tenants go round-robin, so
+/// with `--tenants` at least `--hits` every hit has a bucket of its own.
+fn hit_request(plan: &BenchPlan, caller: usize, seq: u64, global_seq: u64) -> pb::HitRequest {
+    let tenant = format!("tenant-{}", global_seq % plan.tenants.max(1));
     let scope = if plan.node_scope {
         pb::Scope::Node
     } else {
@@ -134,11 +133,12 @@ async fn caller(
     let mut latencies = histogram();
     let mut seq = 0u64;
     while Instant::now() < until {
-        if plan.hits_max > 0 && counters.sent.fetch_add(1, Ordering::Relaxed) >= plan.hits_max {
+        let global_seq = counters.sent.fetch_add(1, Ordering::Relaxed);
+        if plan.hits_max > 0 && global_seq >= plan.hits_max {
             break;
         }
         seq += 1;
-        let request = hit_request(&plan, index, seq);
+        let request = hit_request(&plan, index, seq, global_seq);
         let started = Instant::now();
         let answer = client.hit(request.clone()).await;
         let _ = latencies.record(

@@ -30,6 +30,9 @@ use crate::state::store::StateMachineStore;
 
 /// Largest gRPC message between peers (snapshot chunks, big batches).
 const PEER_MESSAGE_BYTES_MAX: usize = 64 * 1024 * 1024;
+/// sled's page cache (default 1 GiB): it holds the latest snapshot and the node-scope and
+/// fallback claim indexes, all read rarely; the live state is in memory already.
+const SLED_CACHE_BYTES: u64 = 64 * 1024 * 1024;
 /// How long a snapshot chunk may take to install on a receiving node.
 const INSTALL_SNAPSHOT_TIMEOUT_MS: u64 = 10_000;
 
@@ -126,6 +129,7 @@ pub async fn start(config: NodeConfig, listeners: Listeners) -> Result<RunningNo
         .map_err(|e| StartError::LogStore(e.to_string()))?;
     let db = sled::Config::new()
         .path(config.data_dir.join("state.sled"))
+        .cache_capacity(SLED_CACHE_BYTES)
         .open()?;
     let state = StateMachineStore::open(&db)?;
     let local = LocalEngine::open(&db, config.node_id, crate::fallback::NODE_SCOPE_TREE)?;

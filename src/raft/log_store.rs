@@ -35,6 +35,8 @@ const LOG_TABLE: TableDefinition<u64, &[u8]> = TableDefinition::new("log");
 /// Small named records: [`VOTE_KEY`], [`COMMITTED_KEY`], [`LAST_PURGED_KEY`].
 const META_TABLE: TableDefinition<&str, &[u8]> = TableDefinition::new("meta");
 const VOTE_KEY: &str = "vote";
+/// redb page cache of the log file.
+const LOG_CACHE_BYTES: usize = 32 * 1024 * 1024;
 const COMMITTED_KEY: &str = "committed";
 const LAST_PURGED_KEY: &str = "last_purged_log_id";
 
@@ -122,7 +124,12 @@ impl LogStore {
             path: path.to_path_buf(),
             source,
         };
-        let db = Database::create(path).map_err(|e| open_error(Box::new(e.into())))?;
+        // redb's default page cache is 1 GiB; the log is written once and read back only
+        // by replication (recent entries) and catch-up, so a small cache is enough.
+        let db = Database::builder()
+            .set_cache_size(LOG_CACHE_BYTES)
+            .create(path)
+            .map_err(|e| open_error(Box::new(e.into())))?;
         create_tables(&db).map_err(|e| match e {
             LogStoreError::Redb { source } => open_error(source),
             other => other,
