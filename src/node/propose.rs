@@ -187,13 +187,14 @@ impl Router {
             let Some(deadline) = batch.iter().map(|queued| queued.deadline).max() else {
                 return;
             };
-            let commands: Vec<Command> = batch.iter().map(|q| q.command.clone()).collect();
+            // One copy of the commands per attempt (the batch keeps the originals to answer).
+            let commands = || batch.iter().map(|q| q.command.clone()).collect::<Vec<_>>();
             let leader = self.raft.metrics().borrow().current_leader;
             let outcome = match leader {
                 Some(leader_id) if leader_id == self.node_id => {
-                    self.write_here(&commands, deadline).await
+                    self.write_here(commands(), deadline).await
                 }
-                Some(leader_id) => self.forward(leader_id, &commands, deadline).await,
+                Some(leader_id) => self.forward(leader_id, commands(), deadline).await,
                 None => Err(ProposeRefusal::NotLeader { leader_id: None }),
             };
             let outcome = match outcome {
@@ -220,10 +221,10 @@ impl Router {
             .max(now_us)
     }
 
-    async fn write_here(&self, commands: &[Command], deadline: Instant) -> ProposeResponse {
+    async fn write_here(&self, commands: Vec<Command>, deadline: Instant) -> ProposeResponse {
         let request = FleetRequest {
             now_us: self.stamp_now_us(),
-            commands: commands.to_vec(),
+            commands,
         };
         match tokio::time::timeout_at(deadline, self.raft.client_write(request)).await {
             Err(_elapsed) => Err(ProposeRefusal::Unavailable {
@@ -244,7 +245,7 @@ impl Router {
     async fn forward(
         &self,
         leader_id: NodeId,
-        commands: &[Command],
+        commands: Vec<Command>,
         deadline: Instant,
     ) -> ProposeResponse {
         let raft_addr = {
@@ -261,7 +262,7 @@ impl Router {
         };
         let remaining = deadline.saturating_duration_since(Instant::now());
         let request = ProposeRequest {
-            commands: commands.to_vec(),
+            commands,
             timeout_ms: u64::try_from(remaining.as_millis()).unwrap_or(u64::MAX),
         };
         match self
