@@ -1024,3 +1024,69 @@ async fn over_admission_under_full_budget_is_at_most_one_budget() {
         "full: {admitted:?}: the fleet did not account for the local grants"
     );
 }
+
+/// A hit whose charges and claim have different scopes still answers within its deadline
+/// when the fleet cannot: the fleet part is decided by the local fallback, the node part by
+/// the node, and the answer says `DECIDED_BY_LOCAL`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mixed_scope_hits_fall_back_too() {
+    init_tracing();
+    let mut fleet = Fleet::start(3, "").await;
+    let leader = fleet.wait_for_leader(&[1, 2, 3]).await;
+    let survivor = (1..=3).find(|id| *id != leader).expect("a follower");
+    tracing::info!("--- only node {survivor} is left: no quorum");
+    for id in (1..=3).filter(|id| *id != survivor) {
+        fleet.kill(id);
+    }
+    let mut client = fleet.client(survivor).await;
+    let mixed = |charges_scope: pb::Scope, claim_scope: pb::Scope, key: &str, hook: &str| {
+        let mut request = hit(
+            vec![hooks("mixed", 1_000, 60_000_000)],
+            Some(claim("mixed", key, hook)),
+        );
+        request.timeout_ms = 200;
+        request.rate_limit_scope = charges_scope as i32;
+        request.dedupe_scope = claim_scope as i32;
+        request
+    };
+    for (charges_scope, claim_scope, key) in [
+        (
+            pb::Scope::Fleet,
+            pb::Scope::Node,
+            "fleet-charges-node-claim",
+        ),
+        (
+            pb::Scope::Node,
+            pb::Scope::Fleet,
+            "node-charges-fleet-claim",
+        ),
+    ] {
+        tracing::info!(
+            key,
+            "--- first hook takes the key, a second one finds it pending"
+        );
+        let started = Instant::now();
+        let first = client
+            .hit(mixed(charges_scope, claim_scope, key, "hook-1"))
+            .await
+            .expect("answered")
+            .into_inner();
+        assert!(
+            started.elapsed() < Duration::from_millis(200 + 500),
+            "{key}: answered after {:?}",
+            started.elapsed()
+        );
+        assert_eq!(outcome(&first), Outcome::Allowed, "{key}");
+        assert_eq!(first.decided_by, pb::DecidedBy::Local as i32, "{key}");
+        let second = client
+            .hit(mixed(charges_scope, claim_scope, key, "hook-2"))
+            .await
+            .expect("answered")
+            .into_inner();
+        assert!(
+            matches!(outcome(&second), Outcome::Pending(_)),
+            "{key}: a second hook got {:?}",
+            outcome(&second)
+        );
+    }
+}

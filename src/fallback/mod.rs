@@ -155,16 +155,7 @@ impl LocalEngine {
         replica: &ReplicaView,
     ) -> Result<(HitAnswer, bool), LocalError> {
         let (mut state, now_us) = self.now();
-        for (charge, tat_us) in charges.iter().zip(&replica.tats_us) {
-            if let Some(tat_us) = *tat_us {
-                if state
-                    .bucket_tat_us(&charge.bucket)
-                    .is_none_or(|local_us| local_us < tat_us)
-                {
-                    state.seed_bucket(charge.bucket.clone(), tat_us);
-                }
-            }
-        }
+        seed(&mut state, charges, replica);
         let probe = Command::ProbeCharges {
             charges: charges.to_vec(),
         };
@@ -191,6 +182,17 @@ impl LocalEngine {
         }
         let spent = answer == HitAnswer::Allowed && !already_ours && !charges.is_empty();
         Ok((answer, spent))
+    }
+
+    /// Evaluates charges like [`LocalEngine::hit_seeded`] does, without a claim and
+    /// without spending them (the fleet part of a mixed-scope hit whose claim is taken).
+    pub fn probe_seeded(&self, charges: &[Charge], replica: &ReplicaView) -> HitAnswer {
+        let (mut state, now_us) = self.now();
+        seed(&mut state, charges, replica);
+        let probe = Command::ProbeCharges {
+            charges: charges.to_vec(),
+        };
+        hit_answer(rules::apply(&mut state, &probe, now_us))
     }
 
     /// Live pending claims of this engine (what reconciliation hands to the fleet).
@@ -298,6 +300,20 @@ pub struct ReplicaView {
     pub tats_us: Vec<Option<u64>>,
     /// The fleet's record of the claim key, if any.
     pub claim: Option<ClaimRecord>,
+}
+
+/// Starts each charge's local bucket from the replica's TAT where that one is later.
+fn seed(state: &mut FleetState, charges: &[Charge], replica: &ReplicaView) {
+    for (charge, tat_us) in charges.iter().zip(&replica.tats_us) {
+        if let Some(tat_us) = *tat_us {
+            let behind = state
+                .bucket_tat_us(&charge.bucket)
+                .is_none_or(|local_us| local_us < tat_us);
+            if behind {
+                state.seed_bucket(charge.bucket.clone(), tat_us);
+            }
+        }
+    }
 }
 
 /// A replica claim stops a fallback hit only when it is live on this node's clock:

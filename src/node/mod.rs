@@ -222,30 +222,36 @@ impl Node {
                 reason: "mixed-scope hit without a claim".to_owned(),
             });
         };
-        if let Some(blocked) = self.local.peek_claim(claim) {
-            let probe = Command::ProbeCharges {
-                charges: input.charges,
-            };
-            return Ok(Decided::fleet(
-                match self.propose_hit(probe, deadline).await? {
-                    HitAnswer::Allowed => blocked,
-                    denied => denied,
-                },
-            ));
-        }
-        let spend = Command::Hit {
-            charges: input.charges,
-            claim: None,
-            node: self.id,
+        let blocked = self.local.peek_claim(claim);
+        let command = match blocked {
+            Some(_) => Command::ProbeCharges {
+                charges: input.charges.clone(),
+            },
+            None => Command::Hit {
+                charges: input.charges.clone(),
+                claim: None,
+                node: self.id,
+            },
         };
-        match self.propose_hit(spend, deadline).await? {
-            HitAnswer::Allowed => Ok(Decided::fleet(self.local.hit(&[], Some(claim))?)),
-            denied => Ok(Decided::fleet(denied)),
-        }
+        let (charged, decided_by) = match self.propose_hit(command, deadline).await {
+            Ok(answer) => (answer, DecidedBy::Fleet),
+            Err(NodeError::Unavailable { .. }) => {
+                let reason = self.local_reason();
+                let answer = self.fallback_charges(&input.charges, blocked.is_none())?;
+                (answer, DecidedBy::Local { reason })
+            }
+            Err(e) => return Err(e),
+        };
+        let answer = match (charged, blocked) {
+            (HitAnswer::Allowed, Some(blocked)) => blocked,
+            (HitAnswer::Allowed, None) => self.local.hit(&[], Some(claim))?,
+            (denied, _) => denied,
+        };
+        Ok(Decided { answer, decided_by })
     }
 
-    /// Node charges, fleet claim: node buckets are probed first, spent once the fleet
-    /// took the claim.
+    /// Node charges, fleet claim: node buckets are probed first, spent once the claim is
+    /// taken (by the fleet, or by the local fallback when the fleet did not answer).
     async fn hit_node_charges_fleet_claim(
         &self,
         input: HitInput,
@@ -256,16 +262,20 @@ impl Node {
         }
         let take = Command::Hit {
             charges: Vec::new(),
-            claim: input.claim,
+            claim: input.claim.clone(),
             node: self.id,
         };
-        let answer = self.propose_hit(take, deadline).await?;
-        if answer == HitAnswer::Allowed {
+        let decided = match self.propose_hit(take, deadline).await {
+            Ok(answer) => Decided::fleet(answer),
+            Err(NodeError::Unavailable { .. }) => self.fallback_hit(&[], input.claim.as_ref())?,
+            Err(e) => return Err(e),
+        };
+        if decided.answer == HitAnswer::Allowed {
             // A concurrent caller may have spent the node budget meanwhile; the claim is
             // already taken, so the hit stands (node budgets are advisory per node).
             let _ = self.local.hit(&input.charges, None)?;
         }
-        Ok(Decided::fleet(answer))
+        Ok(decided)
     }
 
     /// SPEC section 6.
@@ -343,17 +353,7 @@ impl Node {
         charges: &[Charge],
         claim: Option<&ClaimRequest>,
     ) -> Result<Decided<HitAnswer>, NodeError> {
-        let (replica, voters) = {
-            let applied = self.state.lock();
-            let view = ReplicaView {
-                tats_us: charges
-                    .iter()
-                    .map(|c| applied.state.bucket_tat_us(&c.bucket))
-                    .collect(),
-                claim: claim.and_then(|c| applied.state.claim(&c.key).cloned()),
-            };
-            (view, applied.membership.membership().voter_ids().count())
-        };
+        let (replica, voters) = self.replica_view(charges, claim);
         let local_charges = self.fallback.local_charges(charges, voters);
         let (answer, spent) = self
             .fallback
@@ -369,6 +369,42 @@ impl Node {
             answer,
             decided_by: DecidedBy::Local { reason },
         })
+    }
+
+    /// The fleet-scoped charges of a mixed-scope hit, decided locally because the fleet
+    /// did not answer: `spend = false` only evaluates them.
+    fn fallback_charges(&self, charges: &[Charge], spend: bool) -> Result<HitAnswer, NodeError> {
+        let (replica, voters) = self.replica_view(charges, None);
+        let local_charges = self.fallback.local_charges(charges, voters);
+        metrics::counter!("ankusa_fallback_answers_total", "call" => "hit").increment(1);
+        if !spend {
+            return Ok(self.fallback.engine.probe_seeded(&local_charges, &replica));
+        }
+        let (answer, spent) = self
+            .fallback
+            .engine
+            .hit_seeded(&local_charges, None, &replica)?;
+        if spent {
+            self.fallback.ledger.record(charges);
+        }
+        Ok(answer)
+    }
+
+    /// What this node's replica knows about `charges` and `claim`, and the voter count.
+    fn replica_view(
+        &self,
+        charges: &[Charge],
+        claim: Option<&ClaimRequest>,
+    ) -> (ReplicaView, usize) {
+        let applied = self.state.lock();
+        let view = ReplicaView {
+            tats_us: charges
+                .iter()
+                .map(|c| applied.state.bucket_tat_us(&c.bucket))
+                .collect(),
+            claim: claim.and_then(|c| applied.state.claim(&c.key).cloned()),
+        };
+        (view, applied.membership.membership().voter_ids().count())
     }
 
     /// The local fallback's state (for reconciliation and status).
