@@ -7,8 +7,7 @@
 //! caller goes at once and a busy node fills batches while the slots are taken. Bounded:
 //! `batch_commands_max`, `queue_depth_max`, `proposals_in_flight_max` (entries a leader
 //! proposes at once) and `forwards_in_flight_max` (batches a follower forwards at once) are
-//! named limits,
-//! and a full queue is an answer (overloaded), not an unbounded wait.
+//! named limits, and a full queue is an answer (overloaded), not an unbounded wait.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
