@@ -1090,3 +1090,58 @@ async fn mixed_scope_hits_fall_back_too() {
         );
     }
 }
+
+/// The proposal queue is bounded: when it is full, a call is answered at once with
+/// RESOURCE_EXHAUSTED and a retry hint instead of waiting (issue #4's overloaded answer).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_proposal_queue_answers_overloaded() {
+    init_tracing();
+    let mut fleet = Fleet::start(3, "queue_depth_max = 1\nforwards_in_flight_max = 1").await;
+    let leader = fleet.wait_for_leader(&[1, 2, 3]).await;
+    let survivor = (1..=3).find(|id| *id != leader).expect("a follower");
+    tracing::info!("--- no quorum: node {survivor}'s one forward slot waits for a leader");
+    for id in (1..=3).filter(|id| *id != survivor) {
+        fleet.kill(id);
+    }
+    let calls = (0..6).map(|i| {
+        let addr = fleet.api_addr(survivor);
+        async move {
+            let mut client = connect(&addr).await;
+            let mut request = hit(vec![], Some(claim("queue", &format!("key-{i}"), "hook")));
+            request.timeout_ms = 2_000;
+            client.hit(request).await
+        }
+    });
+    let answers = futures::future::join_all(calls).await;
+    let overloaded: Vec<&tonic::Status> = answers
+        .iter()
+        .filter_map(|answer| answer.as_ref().err())
+        .filter(|status| status.code() == tonic::Code::ResourceExhausted)
+        .collect();
+    tracing::info!(overloaded = overloaded.len(), "answers");
+    assert!(
+        !overloaded.is_empty(),
+        "six calls into a queue of one: {answers:?}"
+    );
+    for status in &overloaded {
+        assert!(
+            status.message().contains("retry after"),
+            "{}",
+            status.message()
+        );
+    }
+    let answered_locally = answers
+        .iter()
+        .filter_map(|answer| answer.as_ref().ok())
+        .filter(|response| response.get_ref().decided_by == pb::DecidedBy::Local as i32)
+        .count();
+    assert!(
+        answered_locally >= 1,
+        "the queued calls fall back at their deadline"
+    );
+    assert_eq!(
+        overloaded.len() + answered_locally,
+        answers.len(),
+        "{answers:?}"
+    );
+}
