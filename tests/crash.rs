@@ -57,16 +57,6 @@ async fn wait_for_new_leader(fleet: &Fleet, ids: &[u64], gone: u64) -> u64 {
         .await
 }
 
-/// Waits until node `id` knows `leader` and has applied at least `index`.
-async fn wait_caught_up(fleet: &Fleet, id: u64, leader: u64, index: u64) {
-    fleet
-        .wait_for(&format!("node {id} applies index {index}"), || async {
-            let status = fleet.status(id).await?;
-            (status.leader_id == leader && status.last_applied >= index).then_some(())
-        })
-        .await;
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killing_the_leader_loses_no_answer() {
     init_tracing();
@@ -110,7 +100,7 @@ async fn killing_the_leader_loses_no_answer() {
     tracing::info!("--- restart {leader} from its data dir; it catches up");
     let restarted_at = Instant::now();
     fleet.restart(leader);
-    wait_caught_up(&fleet, leader, new_leader, target).await;
+    fleet.wait_caught_up(leader, new_leader, target).await;
     tracing::info!(
         catch_up_ms = restarted_at.elapsed().as_millis() as u64,
         target,

@@ -65,16 +65,6 @@ async fn wait_for_members(fleet: &Fleet, id: u64, expected: &[(u64, bool)]) {
         .await;
 }
 
-/// Waits until node `id` knows `leader` and has applied at least `index`.
-async fn wait_caught_up(fleet: &Fleet, id: u64, leader: u64, index: u64) {
-    fleet
-        .wait_for(&format!("node {id} applies index {index}"), || async {
-            let status = fleet.status(id).await?;
-            (status.leader_id == leader && status.last_applied >= index).then_some(())
-        })
-        .await;
-}
-
 /// A snapshot every 20 entries and no log kept behind it: the leader's log is purged
 /// almost at once, so a joining node can only catch up by snapshot. One command per entry,
 /// so the test's writes make many entries (group commit would fold them into a few).
@@ -133,7 +123,7 @@ async fn a_node_added_at_run_time_catches_up_by_snapshot() {
     tracing::info!(%message, "AddMember answered");
     let all_voters = [(1, true), (2, true), (3, true), (4, true)];
     wait_for_members(&fleet, leader, &all_voters).await;
-    wait_caught_up(&fleet, 4, leader, applied).await;
+    fleet.wait_caught_up(4, leader, applied).await;
     tracing::info!(
         catch_up_ms = joined_at.elapsed().as_millis() as u64,
         "node 4 caught up"
@@ -191,7 +181,7 @@ async fn a_removed_node_stops_taking_part() {
         .last_applied(leader)
         .await
         .unwrap_or_else(|| fleet.fail("the leader does not answer status"));
-    wait_caught_up(&fleet, kept, leader, index).await;
+    fleet.wait_caught_up(kept, leader, index).await;
     fleet.assert_duplicates(kept, TENANT, &after, 8).await;
     let still = fleet
         .last_applied(removed)

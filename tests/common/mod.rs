@@ -199,6 +199,15 @@ impl Fleet {
         }
     }
 
+    /// Waits until node `id` knows `leader` and has applied at least `index`.
+    pub async fn wait_caught_up(&self, id: u64, leader: u64, index: u64) {
+        self.wait_for(&format!("node {id} applies index {index}"), || async {
+            let status = self.status(id).await?;
+            (status.leader_id == leader && status.last_applied >= index).then_some(())
+        })
+        .await;
+    }
+
     pub fn dump_logs(&self) {
         for node in self.nodes.values() {
             let log = std::fs::read_to_string(&node.log_path).unwrap_or_default();
