@@ -15,23 +15,41 @@ use tonic::transport::Channel;
 use crate::pb;
 use crate::pb::fleet_client::FleetClient;
 
-/// What to run.
-#[derive(Clone, Debug)]
+/// What to run (also the `bench` subcommand's arguments).
+#[derive(Clone, Debug, clap::Args)]
 pub struct BenchPlan {
+    /// Node API addresses, comma-separated; callers are spread over them.
+    #[arg(
+        long = "addrs",
+        value_delimiter = ',',
+        default_value = "127.0.0.1:7101,127.0.0.1:7102,127.0.0.1:7103"
+    )]
     pub api_addrs: Vec<String>,
+    #[arg(long, default_value_t = 64)]
     pub callers: usize,
-    pub duration: Duration,
+    #[arg(long, default_value_t = 10)]
+    pub duration_s: u64,
+    #[arg(long, default_value_t = 1000)]
     pub tenants: u64,
+    /// Commit each allowed hit's claim with a settle.
+    #[arg(long)]
     pub settle: bool,
+    /// Use SCOPE_NODE for charges and claims (no Raft).
+    #[arg(long)]
     pub node_scope: bool,
+    #[arg(long, default_value_t = 5000)]
     pub timeout_ms: u32,
-    /// Every hit's charge: increment and capacity of its tenant's hooks bucket. A large
-    /// increment keeps the buckets live (for memory runs); the default never limits.
+    /// Charge increment per hit: a large one keeps every tenant's bucket live (for memory
+    /// runs); the default never limits.
+    #[arg(long, default_value_t = 1)]
     pub increment_us: u64,
+    #[arg(long, default_value_t = 1_000_000_000)]
     pub capacity_us: u64,
     /// Pending lifetime of each hit's claim.
+    #[arg(long, default_value_t = 60_000)]
     pub pending_ttl_ms: u64,
-    /// Stop once this many hits were sent in total (0: run for `duration`).
+    /// Stop after this many hits in total (0: run for --duration-s).
+    #[arg(long = "hits", default_value_t = 0)]
     pub hits_max: u64,
 }
 
@@ -185,7 +203,7 @@ pub async fn run(plan: BenchPlan) -> anyhow::Result<BenchSummary> {
     let plan = Arc::new(plan);
     let counters = Arc::new(Counters::default());
     let started = Instant::now();
-    let until = started + plan.duration;
+    let until = started + Duration::from_secs(plan.duration_s);
     let tasks: Vec<_> = (0..plan.callers)
         .map(|i| {
             let client = clients[i].clone();

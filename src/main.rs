@@ -33,39 +33,7 @@ enum Cmd {
         data_dir: PathBuf,
     },
     /// Closed-loop load against a running fleet; prints a JSON summary.
-    Bench {
-        /// Node API addresses, comma-separated; callers are spread over them.
-        #[arg(
-            long,
-            value_delimiter = ',',
-            default_value = "127.0.0.1:7101,127.0.0.1:7102,127.0.0.1:7103"
-        )]
-        addrs: Vec<String>,
-        #[arg(long, default_value_t = 64)]
-        callers: usize,
-        #[arg(long, default_value_t = 10)]
-        duration_s: u64,
-        #[arg(long, default_value_t = 1000)]
-        tenants: u64,
-        /// Commit each allowed hit's claim with a settle.
-        #[arg(long)]
-        settle: bool,
-        /// Use SCOPE_NODE for charges and claims (no Raft).
-        #[arg(long)]
-        node_scope: bool,
-        #[arg(long, default_value_t = 5000)]
-        timeout_ms: u32,
-        /// Charge increment per hit (a large one keeps every tenant's bucket live).
-        #[arg(long, default_value_t = 1)]
-        increment_us: u64,
-        #[arg(long, default_value_t = 1_000_000_000)]
-        capacity_us: u64,
-        #[arg(long, default_value_t = 60_000)]
-        pending_ttl_ms: u64,
-        /// Stop after this many hits in total (0: run for --duration-s).
-        #[arg(long, default_value_t = 0)]
-        hits: u64,
-    },
+    Bench(bench::BenchPlan),
     /// Inspect or change membership through any node.
     Cluster {
         #[command(subcommand)]
@@ -137,32 +105,7 @@ async fn main() -> anyhow::Result<()> {
             serve(config).await
         }
         Cmd::Dev { data_dir } => cli::dev(&data_dir).await,
-        Cmd::Bench {
-            addrs,
-            callers,
-            duration_s,
-            tenants,
-            settle,
-            node_scope,
-            timeout_ms,
-            increment_us,
-            capacity_us,
-            pending_ttl_ms,
-            hits,
-        } => {
-            let plan = bench::BenchPlan {
-                api_addrs: addrs,
-                callers,
-                duration: std::time::Duration::from_secs(duration_s),
-                tenants,
-                settle,
-                node_scope,
-                timeout_ms,
-                increment_us,
-                capacity_us,
-                pending_ttl_ms,
-                hits_max: hits,
-            };
+        Cmd::Bench(plan) => {
             let summary = bench::run(plan).await?;
             println!("{}", serde_json::to_string_pretty(&summary)?);
             Ok(())
