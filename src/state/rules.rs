@@ -7,6 +7,7 @@
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
+use std::hash::Hash;
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
@@ -46,7 +47,7 @@ pub struct FleetState {
     claims: HashMap<Arc<ClaimKey>, Slot<ClaimRecord>>,
     /// Min-heap of (deadline, item). Entries whose deadline is not the item's `queued_us`
     /// are stale (the item was removed and re-inserted) and are dropped when popped.
-    expiry: BinaryHeap<Reverse<(u64, Expiring)>>,
+    expiry: ExpiryQueue,
 }
 
 /// The serialisable content of a [`FleetState`]: live items only (what a snapshot holds).
@@ -164,92 +165,56 @@ impl FleetState {
     }
 
     fn sweep(&mut self, deadline_us: u64, item: Expiring) {
-        let clock_us = self.clock_us;
+        let (clock_us, expiry) = (self.clock_us, &mut self.expiry);
         match item {
             Expiring::Bucket(bucket) => {
-                let Some(slot) = self.buckets.get_mut(&*bucket) else {
-                    return;
-                };
-                if slot.queued_us != deadline_us {
-                    return;
-                }
-                if slot.value <= clock_us {
-                    self.buckets.remove(&*bucket);
-                } else {
-                    slot.queued_us = slot.value;
-                    self.expiry
-                        .push(Reverse((slot.value, Expiring::Bucket(bucket))));
-                }
+                let deadline_of = |tat_us: &u64| *tat_us;
+                sweep_one(
+                    &mut self.buckets,
+                    expiry,
+                    bucket,
+                    deadline_us,
+                    clock_us,
+                    deadline_of,
+                    Expiring::Bucket,
+                );
             }
             Expiring::Claim(key) => {
-                let Some(slot) = self.claims.get_mut(&*key) else {
-                    return;
-                };
-                if slot.queued_us != deadline_us {
-                    return;
-                }
-                let expires_at_us = slot.value.expires_at_us;
-                if expires_at_us <= clock_us {
-                    self.claims.remove(&*key);
-                } else {
-                    slot.queued_us = expires_at_us;
-                    self.expiry
-                        .push(Reverse((expires_at_us, Expiring::Claim(key))));
-                }
+                let deadline_of = |record: &ClaimRecord| record.expires_at_us;
+                sweep_one(
+                    &mut self.claims,
+                    expiry,
+                    key,
+                    deadline_us,
+                    clock_us,
+                    deadline_of,
+                    Expiring::Claim,
+                );
             }
         }
     }
 
-    /// Stores a bucket's TAT; queues an expiry entry only for a new bucket or an earlier
-    /// deadline (a later one is re-queued when the current entry pops).
     fn set_bucket(&mut self, bucket: BucketKey, tat_us: u64) {
-        match self.buckets.get_mut(&bucket) {
-            Some(slot) => {
-                slot.value = tat_us;
-                if tat_us < slot.queued_us {
-                    slot.queued_us = tat_us;
-                    let bucket = Arc::new(bucket);
-                    self.expiry
-                        .push(Reverse((tat_us, Expiring::Bucket(bucket))));
-                }
-            }
-            None => {
-                let bucket = Arc::new(bucket);
-                self.expiry
-                    .push(Reverse((tat_us, Expiring::Bucket(Arc::clone(&bucket)))));
-                let slot = Slot {
-                    value: tat_us,
-                    queued_us: tat_us,
-                };
-                self.buckets.insert(bucket, slot);
-            }
-        }
+        store(
+            &mut self.buckets,
+            &mut self.expiry,
+            bucket,
+            tat_us,
+            tat_us,
+            Expiring::Bucket,
+        );
     }
 
-    /// Stores a claim, queueing its expiry like [`FleetState::set_bucket`] does.
     fn set_claim(&mut self, key: ClaimKey, record: ClaimRecord) {
         let expires_at_us = record.expires_at_us;
-        match self.claims.get_mut(&key) {
-            Some(slot) => {
-                slot.value = record;
-                if expires_at_us < slot.queued_us {
-                    slot.queued_us = expires_at_us;
-                    let key = Arc::new(key);
-                    self.expiry
-                        .push(Reverse((expires_at_us, Expiring::Claim(key))));
-                }
-            }
-            None => {
-                let key = Arc::new(key);
-                self.expiry
-                    .push(Reverse((expires_at_us, Expiring::Claim(Arc::clone(&key)))));
-                let slot = Slot {
-                    value: record,
-                    queued_us: expires_at_us,
-                };
-                self.claims.insert(key, slot);
-            }
-        }
+        store(
+            &mut self.claims,
+            &mut self.expiry,
+            key,
+            record,
+            expires_at_us,
+            Expiring::Claim,
+        );
     }
 
     /// Removes a claim (the local fallback forgets what the fleet now holds).
@@ -298,6 +263,64 @@ impl FleetState {
         }
         state.advance_clock(image.clock_us);
         state
+    }
+}
+
+type ExpiryQueue = BinaryHeap<Reverse<(u64, Expiring)>>;
+
+/// Stores `value` under `key`; queues an expiry entry only for a new key or an earlier
+/// deadline (a later one is re-queued when the current entry pops, see [`sweep_one`]).
+fn store<K: Hash + Eq, V>(
+    map: &mut HashMap<Arc<K>, Slot<V>>,
+    expiry: &mut ExpiryQueue,
+    key: K,
+    value: V,
+    deadline_us: u64,
+    expiring: fn(Arc<K>) -> Expiring,
+) {
+    match map.get_mut(&key) {
+        Some(slot) => {
+            slot.value = value;
+            if deadline_us < slot.queued_us {
+                slot.queued_us = deadline_us;
+                expiry.push(Reverse((deadline_us, expiring(Arc::new(key)))));
+            }
+        }
+        None => {
+            let key = Arc::new(key);
+            expiry.push(Reverse((deadline_us, expiring(Arc::clone(&key)))));
+            let slot = Slot {
+                value,
+                queued_us: deadline_us,
+            };
+            map.insert(key, slot);
+        }
+    }
+}
+
+/// Handles one popped expiry entry: a stale one (not the item's `queued_us`) is dropped,
+/// an expired item removed, an extended one re-queued at its current deadline.
+fn sweep_one<K: Hash + Eq, V>(
+    map: &mut HashMap<Arc<K>, Slot<V>>,
+    expiry: &mut ExpiryQueue,
+    key: Arc<K>,
+    deadline_us: u64,
+    clock_us: u64,
+    deadline_of: impl Fn(&V) -> u64,
+    expiring: fn(Arc<K>) -> Expiring,
+) {
+    let Some(slot) = map.get_mut(&*key) else {
+        return;
+    };
+    if slot.queued_us != deadline_us {
+        return;
+    }
+    let current_us = deadline_of(&slot.value);
+    if current_us <= clock_us {
+        map.remove(&*key);
+    } else {
+        slot.queued_us = current_us;
+        expiry.push(Reverse((current_us, expiring(key))));
     }
 }
 
