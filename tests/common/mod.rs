@@ -1,12 +1,19 @@
-//! Black-box harness: real `ankusa-fleet serve` processes on 127.0.0.1 ports picked free,
-//! each with its own data dir, driven over the public gRPC API. Every wait has a deadline;
-//! nothing sleeps and hopes.
+//! Black-box harness: real `ankusa-fleet serve` processes, each with its own data dir, driven
+//! over the public gRPC API. Every wait has a deadline; nothing sleeps and hopes.
+//!
+//! Every fleet listens on a loopback address of its own (`127.a.b.c`, never `127.0.0.1`), on
+//! ports picked free there (bound on port 0). A port released by the harness and bound by a node
+//! a moment later can be taken in between only by a bind on the same address, and no other test
+//! binds that address: the port race between tests running in parallel is gone (a shared
+//! `127.0.0.1` once lost it: another test's node took a raft port first). Outgoing connections
+//! leave from `127.0.0.1`, so their ephemeral ports never collide with these listeners.
 #![allow(dead_code)]
 
 use std::collections::BTreeMap;
-use std::net::TcpListener;
+use std::net::{Ipv4Addr, TcpListener};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use ankusa_fleet::pb;
@@ -26,10 +33,13 @@ pub fn init_tracing() {
         .try_init();
 }
 
-/// A port nobody listens on right now (bound on port 0, then released).
-pub fn free_port() -> u16 {
-    let listener = TcpListener::bind("127.0.0.1:0").expect("bind port 0");
-    listener.local_addr().expect("local addr").port()
+/// A loopback address no other fleet of this process uses, and (by the process id in its
+/// second octet) most likely none of another test process either.
+fn fleet_ip() -> Ipv4Addr {
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    let pid_octet = 1 + (std::process::id() % 254) as u8;
+    Ipv4Addr::new(127, pid_octet, (n / 254 % 256) as u8, 1 + (n % 254) as u8)
 }
 
 #[derive(Clone, Debug)]
@@ -52,19 +62,36 @@ impl TestNode {
     }
 }
 
-/// A fleet of node processes sharing one temp dir.
+/// A fleet of node processes sharing one temp dir and one loopback address.
 pub struct Fleet {
     pub dir: tempfile::TempDir,
+    pub ip: Ipv4Addr,
     pub nodes: BTreeMap<u64, TestNode>,
     pub initial: Vec<NodeSpec>,
 }
 
-fn spec(id: u64) -> NodeSpec {
-    NodeSpec {
-        id,
-        api_addr: format!("127.0.0.1:{}", free_port()),
-        raft_addr: format!("127.0.0.1:{}", free_port()),
-    }
+/// Specs for nodes `ids` on `ip`, with ports that were free there and differ from each other
+/// and from every port in `taken`: all listeners are held until every port is picked.
+fn specs(ip: Ipv4Addr, ids: impl IntoIterator<Item = u64>, taken: &[NodeSpec]) -> Vec<NodeSpec> {
+    let mut held = Vec::new();
+    let mut pick = || loop {
+        let listener = TcpListener::bind((ip, 0)).expect("bind port 0");
+        let addr = listener.local_addr().expect("local addr").to_string();
+        held.push(listener);
+        if !taken
+            .iter()
+            .any(|node| node.api_addr == addr || node.raft_addr == addr)
+        {
+            return addr;
+        }
+    };
+    ids.into_iter()
+        .map(|id| NodeSpec {
+            id,
+            api_addr: pick(),
+            raft_addr: pick(),
+        })
+        .collect()
 }
 
 fn config_text(
@@ -93,9 +120,11 @@ impl Fleet {
     /// Starts `n` initial voters; `extra` is appended to every config (optional keys).
     pub async fn start(n: u64, extra: &str) -> Fleet {
         let dir = tempfile::tempdir().expect("tempdir");
-        let initial: Vec<NodeSpec> = (1..=n).map(spec).collect();
+        let ip = fleet_ip();
+        let initial = specs(ip, 1..=n, &[]);
         let mut fleet = Fleet {
             dir,
+            ip,
             nodes: BTreeMap::new(),
             initial: initial.clone(),
         };
@@ -124,7 +153,8 @@ impl Fleet {
 
     /// A spec for a new node with fresh ports.
     pub fn new_spec(&self, id: u64) -> NodeSpec {
-        spec(id)
+        let taken: Vec<NodeSpec> = self.nodes.values().map(|node| node.spec.clone()).collect();
+        specs(self.ip, [id], &taken).remove(0)
     }
 
     /// SIGKILL: no shutdown, no flush.
@@ -241,6 +271,9 @@ fn spawn(node: &mut TestNode) {
         .args(["serve", "--config"])
         .arg(&node.config_path)
         .env("RUST_LOG", "info,openraft=warn")
+        // An error a node exits with stays one readable line in its log (anyhow would add a
+        // backtrace when CI sets RUST_BACKTRACE); panics keep theirs.
+        .env("RUST_LIB_BACKTRACE", "0")
         .stdout(Stdio::from(log.try_clone().expect("log")))
         .stderr(Stdio::from(log))
         .spawn()
@@ -639,9 +672,11 @@ impl Fleet {
     /// others can be started later with [`Fleet::restart`].
     pub fn start_some(n: u64, running: &[u64], extra: &str) -> Fleet {
         let dir = tempfile::tempdir().expect("tempdir");
-        let initial: Vec<NodeSpec> = (1..=n).map(spec).collect();
+        let ip = fleet_ip();
+        let initial = specs(ip, 1..=n, &[]);
         let mut fleet = Fleet {
             dir,
+            ip,
             nodes: BTreeMap::new(),
             initial: initial.clone(),
         };
