@@ -11,6 +11,7 @@ use anyhow::Context;
 use hdrhistogram::Histogram;
 use serde::Serialize;
 use tonic::transport::Channel;
+use tonic::Status;
 
 use crate::pb;
 use crate::pb::fleet_client::FleetClient;
@@ -51,6 +52,10 @@ pub struct BenchPlan {
     /// Stop after this many hits in total (0: run for --duration-s).
     #[arg(long = "hits", default_value_t = 0)]
     pub hits_max: u64,
+    /// Send hits over one `HitStream` per caller (one hit in flight each) instead of a
+    /// unary `Hit` call per hit.
+    #[arg(long)]
+    pub stream: bool,
 }
 
 /// The JSON summary printed at the end.
@@ -141,14 +146,85 @@ async fn settle(
     client.settle(settle).await.is_ok()
 }
 
+/// How a caller sends its hits: a unary call each, or messages on its own `HitStream`.
+enum HitSender {
+    Unary,
+    Stream {
+        requests: tokio::sync::mpsc::Sender<pb::HitRequest>,
+        replies: Box<tonic::Streaming<pb::HitStreamReply>>,
+        /// The stream itself failed (not just one hit): it takes no more requests.
+        broken: bool,
+    },
+}
+
+impl HitSender {
+    async fn open(plan: &BenchPlan, client: &mut FleetClient<Channel>) -> Result<Self, Status> {
+        if !plan.stream {
+            return Ok(Self::Unary);
+        }
+        let (requests, outgoing) = tokio::sync::mpsc::channel(1);
+        let replies = client
+            .hit_stream(tokio_stream::wrappers::ReceiverStream::new(outgoing))
+            .await?
+            .into_inner();
+        Ok(Self::Stream {
+            requests,
+            replies: Box::new(replies),
+            broken: false,
+        })
+    }
+
+    fn is_broken(&self) -> bool {
+        matches!(self, Self::Stream { broken: true, .. })
+    }
+
+    async fn hit(
+        &mut self,
+        client: &mut FleetClient<Channel>,
+        request: pb::HitRequest,
+    ) -> Result<pb::HitResponse, Status> {
+        use pb::hit_stream_reply::Result as Reply;
+        let (requests, replies, broken) = match self {
+            Self::Unary => return client.hit(request).await.map(tonic::Response::into_inner),
+            Self::Stream {
+                requests,
+                replies,
+                broken,
+            } => (requests, replies, broken),
+        };
+        if requests.send(request).await.is_err() {
+            *broken = true;
+            return Err(Status::unavailable("the hit stream closed"));
+        }
+        let reply = replies.message().await;
+        *broken = !matches!(reply, Ok(Some(_)));
+        match reply? {
+            Some(pb::HitStreamReply {
+                result: Some(Reply::Response(response)),
+            }) => Ok(response),
+            Some(pb::HitStreamReply {
+                result: Some(Reply::Error(error)),
+            }) => Err(Status::new(
+                tonic::Code::from_i32(i32::try_from(error.code).unwrap_or(2)),
+                error.message,
+            )),
+            Some(pb::HitStreamReply { result: None }) => Err(Status::internal("an empty reply")),
+            None => Err(Status::unavailable("the hit stream ended")),
+        }
+    }
+}
+
 async fn caller(
     plan: Arc<BenchPlan>,
     index: usize,
     mut client: FleetClient<Channel>,
     counters: Arc<Counters>,
     until: Instant,
-) -> Histogram<u64> {
+) -> anyhow::Result<Histogram<u64>> {
     let mut latencies = histogram();
+    let mut sender = HitSender::open(&plan, &mut client)
+        .await
+        .context("opening a hit stream")?;
     let mut seq = 0u64;
     while Instant::now() < until {
         let global_seq = counters.sent.fetch_add(1, Ordering::Relaxed);
@@ -158,7 +234,7 @@ async fn caller(
         seq += 1;
         let request = hit_request(&plan, index, seq, global_seq);
         let started = Instant::now();
-        let answer = client.hit(request.clone()).await;
+        let answer = sender.hit(&mut client, request.clone()).await;
         let _ = latencies.record(
             u64::try_from(started.elapsed().as_micros())
                 .unwrap_or(u64::MAX)
@@ -167,9 +243,13 @@ async fn caller(
         counters.hits.fetch_add(1, Ordering::Relaxed);
         let Ok(answer) = answer else {
             counters.errors.fetch_add(1, Ordering::Relaxed);
+            if sender.is_broken() {
+                sender = HitSender::open(&plan, &mut client)
+                    .await
+                    .context("reopening a hit stream")?;
+            }
             continue;
         };
-        let answer = answer.into_inner();
         if answer.decided_by == pb::DecidedBy::Local as i32 && !plan.node_scope {
             counters.decided_local.fetch_add(1, Ordering::Relaxed);
         }
@@ -182,7 +262,7 @@ async fn caller(
             counters.not_allowed.fetch_add(1, Ordering::Relaxed);
         }
     }
-    latencies
+    Ok(latencies)
 }
 
 /// Runs the plan and returns the summary.
@@ -213,7 +293,7 @@ pub async fn run(plan: BenchPlan) -> anyhow::Result<BenchSummary> {
     let progress = tokio::spawn(progress(counters.clone(), started, until));
     let mut latencies = histogram();
     for task in tasks {
-        latencies.add(task.await?)?;
+        latencies.add(task.await??)?;
     }
     progress.abort();
     eprintln!();

@@ -9,6 +9,11 @@ use ankusa_fleet::config::NodeConfig;
 use ankusa_fleet::pb::internal::AddMemberRequest;
 use ankusa_fleet::{bench, cli, server};
 
+/// mimalloc instead of glibc's malloc: the hot path allocates small buffers on one tokio
+/// worker and frees them on another, where glibc spent ~14% of all CPU (docs/benchmarks.md).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Parser)]
 #[command(
     version,

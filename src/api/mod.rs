@@ -3,10 +3,12 @@
 //!
 //! The only place that maps errors to gRPC status codes is [`status_of`].
 
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Instant;
 
-use tonic::{Request, Response, Status};
+use futures::{Stream, StreamExt};
+use tonic::{Request, Response, Status, Streaming};
 
 pub mod codec;
 pub mod validate;
@@ -105,6 +107,40 @@ fn check_rate_telemetry(
     metrics::counter!("ankusa_check_rate_total", "event" => event).increment(1);
 }
 
+/// Requests one `HitStream` works on at once; replies still leave in request order. A closed
+/// loop edge worker has one in flight; a pipelining one gets this much overlap.
+pub const HIT_STREAM_IN_FLIGHT: usize = 64;
+
+/// The stream of `HitStream` replies.
+pub type HitReplies = Pin<Box<dyn Stream<Item = Result<pb::HitStreamReply, Status>> + Send>>;
+
+/// Validates and answers one hit: the body of both `Hit` and `HitStream`.
+async fn answer_hit(
+    node: &Node,
+    defaults: RequestDefaults,
+    request: &pb::HitRequest,
+) -> Result<pb::HitResponse, Status> {
+    let input = validate::hit(request, defaults).map_err(invalid)?;
+    let decided = node.hit(input).await.map_err(status_of)?;
+    tracing::debug!(answer = ?decided.answer, decided_by = ?decided.decided_by, "hit");
+    Ok(hit_response(decided))
+}
+
+/// One `HitStream` reply: the answer, or the status a unary `Hit` would have ended with.
+fn stream_reply(answer: Result<pb::HitResponse, Status>) -> pb::HitStreamReply {
+    use pb::hit_stream_reply::Result as Reply;
+    let result = match answer {
+        Ok(response) => Reply::Response(response),
+        Err(status) => Reply::Error(pb::CallError {
+            code: status.code() as u32,
+            message: status.message().to_owned(),
+        }),
+    };
+    pb::HitStreamReply {
+        result: Some(result),
+    }
+}
+
 /// The edge-facing service.
 pub struct FleetService {
     node: Arc<Node>,
@@ -124,10 +160,34 @@ impl pb::fleet_server::Fleet for FleetService {
         &self,
         request: Request<pb::HitRequest>,
     ) -> Result<Response<pb::HitResponse>, Status> {
-        let input = validate::hit(request.get_ref(), self.defaults).map_err(invalid)?;
-        let decided = self.node.hit(input).await.map_err(status_of)?;
-        tracing::debug!(answer = ?decided.answer, decided_by = ?decided.decided_by, "hit");
-        Ok(Response::new(hit_response(decided)))
+        answer_hit(&self.node, self.defaults, request.get_ref())
+            .await
+            .map(Response::new)
+    }
+
+    type HitStreamStream = HitReplies;
+
+    /// Each request is answered like [`Self::hit`], up to [`HIT_STREAM_IN_FLIGHT`] at once,
+    /// inside the response stream's own polling (no task per request). A message that does
+    /// not decode ends the stream with INVALID_ARGUMENT naming the field (the bytes after it
+    /// cannot be trusted); any other error is a reply and the stream goes on.
+    async fn hit_stream(
+        &self,
+        request: Request<Streaming<pb::HitRequest>>,
+    ) -> Result<Response<HitReplies>, Status> {
+        let node = self.node.clone();
+        let defaults = self.defaults;
+        let replies = request
+            .into_inner()
+            .map(move |message| {
+                let node = node.clone();
+                async move {
+                    let request = message?;
+                    Ok(stream_reply(answer_hit(&node, defaults, &request).await))
+                }
+            })
+            .buffered(HIT_STREAM_IN_FLIGHT);
+        Ok(Response::new(Box::pin(replies)))
     }
 
     async fn settle(

@@ -25,11 +25,12 @@ use crate::state::{Answer, Command, FleetRequest};
 /// The retry hint given with an overloaded answer.
 const OVERLOADED_RETRY_AFTER_MS: u64 = 10;
 
-/// One caller waiting in the queue.
+/// One caller waiting in the queue: a local caller with one command, or a follower's
+/// forwarded batch with many (it stays one unit: one reply, no per-command channel).
 struct Queued {
-    command: Command,
+    commands: Vec<Command>,
     deadline: Instant,
-    reply: oneshot::Sender<Result<Answer, ProposeRefusal>>,
+    reply: oneshot::Sender<ProposeResponse>,
 }
 
 /// The limits of the queue and the batches.
@@ -67,9 +68,23 @@ impl Proposer {
         command: Command,
         deadline: Instant,
     ) -> Result<Answer, ProposeRefusal> {
-        let (reply, answer) = oneshot::channel();
+        let mut answers = self.enqueue(vec![command], deadline).await?;
+        answers.pop().ok_or_else(|| ProposeRefusal::Fatal {
+            reason: "the fleet returned no answer".to_owned(),
+        })
+    }
+
+    /// Commits a forwarded batch as one unit of the queue, so batches from several followers
+    /// and the leader's own callers share log entries.
+    pub async fn propose_all(&self, request: ProposeRequest) -> ProposeResponse {
+        let deadline = Instant::now() + Duration::from_millis(request.timeout_ms);
+        self.enqueue(request.commands, deadline).await
+    }
+
+    async fn enqueue(&self, commands: Vec<Command>, deadline: Instant) -> ProposeResponse {
+        let (reply, answers) = oneshot::channel();
         let queued = Queued {
-            command,
+            commands,
             deadline,
             reply,
         };
@@ -79,7 +94,7 @@ impl Proposer {
                 retry_after_ms: OVERLOADED_RETRY_AFTER_MS,
             });
         }
-        match tokio::time::timeout_at(deadline, answer).await {
+        match tokio::time::timeout_at(deadline, answers).await {
             Ok(Ok(result)) => result,
             Ok(Err(_dropped)) => Err(ProposeRefusal::Fatal {
                 reason: "the batcher stopped".to_owned(),
@@ -88,20 +103,6 @@ impl Proposer {
                 reason: "deadline".to_owned(),
             }),
         }
-    }
-
-    /// Commits a forwarded batch: each command queues like a local caller's, so batches from
-    /// several followers and the leader's own callers share log entries.
-    pub async fn propose_all(&self, request: ProposeRequest) -> ProposeResponse {
-        let deadline = Instant::now() + Duration::from_millis(request.timeout_ms);
-        let answers = request
-            .commands
-            .into_iter()
-            .map(|command| self.propose(command, deadline));
-        futures::future::join_all(answers)
-            .await
-            .into_iter()
-            .collect()
     }
 }
 
@@ -112,9 +113,15 @@ async fn run_batcher(
 ) {
     let write_slots = Arc::new(Semaphore::new(limits.proposals_in_flight_max));
     let forward_slots = Arc::new(Semaphore::new(limits.forwards_in_flight_max));
+    // A unit that did not fit the last batch starts the next one.
+    let mut carried: Option<Queued> = None;
     loop {
-        let Some(first) = receiver.recv().await else {
-            return;
+        let first = match carried.take() {
+            Some(queued) => queued,
+            None => match receiver.recv().await {
+                Some(queued) => queued,
+                None => return,
+            },
         };
         // Commands queue up while the batch waits for a slot: that wait is the batching.
         let slots = if router.is_leader() {
@@ -125,12 +132,18 @@ async fn run_batcher(
         let Ok(slot) = slots.clone().acquire_owned().await else {
             return;
         };
+        let mut commands = first.commands.len();
         let mut batch = vec![first];
-        while batch.len() < limits.batch_commands_max {
-            match receiver.try_recv() {
-                Ok(queued) => batch.push(queued),
-                Err(_) => break,
+        while commands < limits.batch_commands_max {
+            let Ok(queued) = receiver.try_recv() else {
+                break;
+            };
+            if commands + queued.commands.len() > limits.batch_commands_max {
+                carried = Some(queued);
+                break;
             }
+            commands += queued.commands.len();
+            batch.push(queued);
         }
         let router = router.clone();
         tokio::spawn(async move {
@@ -140,19 +153,27 @@ async fn run_batcher(
     }
 }
 
-/// Hands each caller its own answer out of the batch's, in order.
+/// Hands each caller its own answers out of the batch's, in order.
 fn reply_all(batch: Vec<Queued>, outcome: ProposeResponse) {
-    for (i, queued) in batch.into_iter().enumerate() {
-        let answer = match &outcome {
-            Ok(answers) => answers
-                .get(i)
-                .cloned()
-                .ok_or_else(|| ProposeRefusal::Fatal {
-                    reason: "the fleet returned fewer answers than commands".to_owned(),
-                }),
-            Err(refusal) => Err(refusal.clone()),
+    let mut answers = match outcome {
+        Ok(answers) => answers.into_iter(),
+        Err(refusal) => {
+            for queued in batch {
+                let _ = queued.reply.send(Err(refusal.clone()));
+            }
+            return;
+        }
+    };
+    for queued in batch {
+        let own: Vec<Answer> = answers.by_ref().take(queued.commands.len()).collect();
+        let reply = if own.len() == queued.commands.len() {
+            Ok(own)
+        } else {
+            Err(ProposeRefusal::Fatal {
+                reason: "the fleet returned fewer answers than commands".to_owned(),
+            })
         };
-        let _ = queued.reply.send(answer);
+        let _ = queued.reply.send(reply);
     }
 }
 
@@ -178,7 +199,8 @@ impl Router {
     }
 
     async fn commit_batch(&self, mut batch: Vec<Queued>) {
-        metrics::histogram!("ankusa_batch_commands").record(batch.len() as f64);
+        let commands_in_batch: usize = batch.iter().map(|queued| queued.commands.len()).sum();
+        metrics::histogram!("ankusa_batch_commands").record(commands_in_batch as f64);
         loop {
             // Callers that gave up (answered locally at their deadline) are dropped before
             // every attempt: a command not yet sent must not take effect behind their back.
@@ -187,7 +209,12 @@ impl Router {
                 return;
             };
             // One copy of the commands per attempt (the batch keeps the originals to answer).
-            let commands = || batch.iter().map(|q| q.command.clone()).collect::<Vec<_>>();
+            let commands = || {
+                batch
+                    .iter()
+                    .flat_map(|queued| queued.commands.iter().cloned())
+                    .collect::<Vec<_>>()
+            };
             let leader = self.raft.metrics().borrow().current_leader;
             let outcome = match leader {
                 Some(leader_id) if leader_id == self.node_id => {

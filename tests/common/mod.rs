@@ -758,3 +758,55 @@ impl Fleet {
         self.set_faults(id, &[]).await;
     }
 }
+
+// ---- HitStream: the streaming twin of Hit ----
+
+/// One open `HitStream`: requests go in, replies come back in request order.
+pub struct HitStream {
+    requests: tokio::sync::mpsc::Sender<pb::HitRequest>,
+    replies: tonic::Streaming<pb::HitStreamReply>,
+}
+
+impl HitStream {
+    pub async fn open(client: &mut FleetClient<Channel>) -> HitStream {
+        let (requests, outgoing) = tokio::sync::mpsc::channel(64);
+        let replies = client
+            .hit_stream(tokio_stream::wrappers::ReceiverStream::new(outgoing))
+            .await
+            .expect("open a hit stream")
+            .into_inner();
+        HitStream { requests, replies }
+    }
+
+    /// Sends one request without waiting for its reply.
+    pub async fn send(&mut self, request: pb::HitRequest) {
+        self.requests
+            .send(request)
+            .await
+            .expect("the hit stream takes requests");
+    }
+
+    /// The next reply: the answer, or the error reply as a status. Panics if the stream
+    /// itself ended or failed (an error reply must not end it).
+    pub async fn reply(&mut self) -> Result<pb::HitResponse, tonic::Status> {
+        use pb::hit_stream_reply::Result as Reply;
+        let reply = tokio::time::timeout(CONDITION_DEADLINE, self.replies.message())
+            .await
+            .expect("a reply within the deadline")
+            .expect("the stream did not fail")
+            .expect("the stream did not end");
+        match reply.result.expect("a reply has a result") {
+            Reply::Response(response) => Ok(response),
+            Reply::Error(error) => Err(tonic::Status::new(
+                tonic::Code::from_i32(error.code as i32),
+                error.message,
+            )),
+        }
+    }
+
+    /// Sends one request and waits for its reply.
+    pub async fn hit(&mut self, request: pb::HitRequest) -> Result<pb::HitResponse, tonic::Status> {
+        self.send(request).await;
+        self.reply().await
+    }
+}
