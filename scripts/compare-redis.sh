@@ -6,6 +6,10 @@
 #   scripts/compare-redis.sh                   # 10 s per point, callers 1 16 64
 #   DURATION_S=3 scripts/compare-redis.sh      # quick run
 #
+# The fleet runs twice per caller count: `fleet` (a unary Hit call per hit) and
+# `fleet-stream` (one HitStream per caller, one hit in flight: the same closed loop, without
+# a new HTTP/2 stream per hit, the way Redis callers reuse one connection).
+#
 # Environment:
 #   DURATION_S     seconds per point (default 10)
 #   CALLERS        caller counts (default "1 16 64")
@@ -325,6 +329,8 @@ for c in $CALLERS; do
     log "callers $c, ${DURATION_S}s per system"
     # shellcheck disable=SC2086
     point fleet "$c" "$NODE_PIDS" -- "$BIN" bench --addrs "$FLEET_ADDRS" --callers "$c" --duration-s "$DURATION_S" --tenants "$TENANTS"
+    # shellcheck disable=SC2086
+    point fleet-stream "$c" "$NODE_PIDS" -- "$BIN" bench --stream --addrs "$FLEET_ADDRS" --callers "$c" --duration-s "$DURATION_S" --tenants "$TENANTS"
     point redis-none "$c" "$PID_NONE" -- python3 scripts/redis/bench_redis.py --port "$PORT_NONE" \
         --script scripts/redis/hit.lua --callers "$c" --duration-s "$DURATION_S" --tenants "$TENANTS" --procs "$REDIS_PROCS"
     point redis-everysec "$c" "$PID_EVERYSEC" -- python3 scripts/redis/bench_redis.py --port "$PORT_EVERYSEC" \
@@ -345,18 +351,20 @@ for r in rows:
     r["client_cpu_us_per_hit"] = r["client_cpu_s"] * 1e6 / s["hits"] if s["hits"] else None
 by = {(r["system"], r["callers"]): r for r in rows}
 callers = sorted({r["callers"] for r in rows})
-systems = ["fleet", "redis-none", "redis-everysec"]
+fleets = ["fleet", "fleet-stream"]  # unary Hit per hit / one HitStream per caller
+systems = fleets + ["redis-none", "redis-everysec"]
 
 def ratio(a, b):
     return a / b if a is not None and b else None
 
 ratios = []
-for c in callers:
-    f, n, e = (by.get((s, c)) for s in systems)
+for c, fleet in ((c, fleet) for c in callers for fleet in fleets):
+    f, n, e = (by.get((s, c)) for s in (fleet, "redis-none", "redis-everysec"))
     if not (f and n and e):
         continue
     ratios.append({
         "callers": c,
+        "fleet": fleet,
         "hits_per_s_fleet_over_redis_everysec": ratio(f["summary"]["hits_per_s"], e["summary"]["hits_per_s"]),
         "hits_per_s_fleet_over_redis_none": ratio(f["summary"]["hits_per_s"], n["summary"]["hits_per_s"]),
         "cpu_per_hit_fleet_over_redis_everysec": ratio(f["server_cpu_us_per_hit"], e["server_cpu_us_per_hit"]),
@@ -405,9 +413,9 @@ for c in callers:
               f" {fmt(r['server_cpu_us_per_hit'], '10.1f')}  {fmt(r['client_cpu_us_per_hit'], '17.1f')}"
               f"  {' '.join(flag)}")
 print()
-print(f"{'callers':>7}  {'hits/s fleet/everysec':>21} {'hits/s fleet/none':>17} {'CPU fleet/everysec':>18} {'CPU fleet/none':>14}")
+print(f"{'callers':>7}  {'fleet':<13} {'hits/s fleet/everysec':>21} {'hits/s fleet/none':>17} {'CPU fleet/everysec':>18} {'CPU fleet/none':>14}")
 for r in ratios:
-    print(f"{r['callers']:>7}  {fmt(r['hits_per_s_fleet_over_redis_everysec'], '21.2f')}"
+    print(f"{r['callers']:>7}  {r['fleet']:<13} {fmt(r['hits_per_s_fleet_over_redis_everysec'], '21.2f')}"
           f" {fmt(r['hits_per_s_fleet_over_redis_none'], '17.2f')}"
           f" {fmt(r['cpu_per_hit_fleet_over_redis_everysec'], '18.1f')}"
           f" {fmt(r['cpu_per_hit_fleet_over_redis_none'], '14.1f')}")

@@ -132,7 +132,10 @@ pub async fn start(config: NodeConfig, listeners: Listeners) -> Result<RunningNo
         .cache_capacity(SLED_CACHE_BYTES)
         .open()?;
     let state = StateMachineStore::open(&db)?;
-    let local = LocalEngine::open(&db, config.node_id, crate::fallback::NODE_SCOPE_TREE)?;
+    let local = LocalEngine::open(
+        &config.data_dir.join(crate::fallback::NODE_SCOPE_JOURNAL),
+        config.node_id,
+    )?;
     let faults = Faults::new(config.fault_injection);
     let peers = PeerClients::new(&config.cluster_id, config.node_id, faults.clone());
     let raft = Raft::new(
@@ -160,7 +163,12 @@ pub async fn start(config: NodeConfig, listeners: Listeners) -> Result<RunningNo
         state,
         proposer: proposer.clone(),
         local,
-        fallback: Fallback::open(&db, config.node_id, config.fallback_budget)?,
+        fallback: Fallback::open(
+            &config.data_dir,
+            &db,
+            config.node_id,
+            config.fallback_budget,
+        )?,
         voters_max: config.voters_max,
     }));
     let (stop, stopped) = watch::channel(false);
@@ -301,6 +309,10 @@ impl RunningNode {
         }
         for server in self.servers {
             let _ = tokio::time::timeout(Duration::from_secs(5), server).await;
+        }
+        // The claim journals flush in the background: the last records reach the disk here.
+        if let Err(e) = self.node.sync_local().await {
+            tracing::error!(error = %e, "claim journal sync at shutdown");
         }
     }
 }

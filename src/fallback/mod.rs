@@ -1,16 +1,18 @@
 //! The node's own decisions, without Raft: node-local GCRA buckets (memory) and a claim
-//! index (sled, written through on every change). The same rules as the fleet
+//! index (memory, and on disk in a [`journal`] written on every change). The same rules as the fleet
 //! ([`crate::state::rules`]) run here on the node's wall clock instead of a log entry's stamp.
 //!
-//! Two engines use this: node scope (SPEC section 8, tree `node_claims`) and the local
-//! fallback when the fleet does not answer in time (SPEC section 7, tree
-//! `fallback_claims`, seeded from the fleet replica, plus the [`queue::SettleQueue`] and
+//! Two engines use this: node scope (SPEC section 8, journal `node-claims.journal`) and the
+//! local fallback when the fleet does not answer in time (SPEC section 7, journal
+//! `fallback-claims.journal`, seeded from the fleet replica, plus the [`queue::SettleQueue`] and
 //! the [`ChargeLedger`] that reconciliation hands to the fleet later).
 //!
 //! Never proposes anything to the fleet itself.
 
+pub mod journal;
 pub mod queue;
 
+use std::path::Path;
 use std::sync::{Mutex, MutexGuard};
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -20,17 +22,19 @@ use crate::state::{
     Answer, Charge, ClaimKey, ClaimRecord, ClaimRequest, Command, HitAnswer, NodeId, StateImage,
 };
 
-/// The sled tree of node-scope claims.
-pub const NODE_SCOPE_TREE: &str = "node_claims";
-/// The sled tree of claims taken by the local fallback, until reconciled.
-pub const FALLBACK_TREE: &str = "fallback_claims";
+/// The journal of node-scope claims, in the data dir.
+pub const NODE_SCOPE_JOURNAL: &str = "node-claims.journal";
+/// The journal of claims taken by the local fallback, until reconciled, in the data dir.
+pub const FALLBACK_JOURNAL: &str = "fallback-claims.journal";
 
-/// The local engine failed to read or write its claim index.
+/// The local engine failed to read or write its claim index or settle queue.
 #[derive(Debug, thiserror::Error)]
 pub enum LocalError {
     #[error("node claim index: {0}")]
+    Journal(#[from] journal::JournalError),
+    #[error("settle queue: {0}")]
     Sled(#[from] sled::Error),
-    #[error("node claim index record: {0}")]
+    #[error("settle queue record: {0}")]
     Codec(#[from] codec::CodecError),
 }
 
@@ -46,35 +50,35 @@ pub fn wall_clock_us() -> u64 {
 pub struct LocalEngine {
     node_id: NodeId,
     state: Mutex<FleetState>,
-    claim_tree: sled::Tree,
+    journal: journal::Journal,
 }
 
 impl LocalEngine {
-    /// Opens the claim index in `db` and loads its live claims.
+    /// Opens the claim journal at `path` and loads its live claims.
     ///
     /// # Errors
-    /// When sled fails or a stored claim does not decode.
-    pub fn open(db: &sled::Db, node_id: NodeId, tree: &str) -> Result<Self, LocalError> {
-        let claim_tree = db.open_tree(tree)?;
+    /// When the journal cannot be read or rewritten.
+    pub fn open(path: &Path, node_id: NodeId) -> Result<Self, LocalError> {
         let now_us = wall_clock_us();
-        let mut image = StateImage {
+        let (journal, claims) = journal::Journal::open(path, now_us)?;
+        let image = StateImage {
             clock_us: now_us,
+            claims,
             ..StateImage::default()
         };
-        for item in claim_tree.iter() {
-            let (key_bytes, record_bytes) = item?;
-            let record: ClaimRecord = codec::decode(&record_bytes)?;
-            if record.expires_at_us > now_us {
-                image.claims.push((codec::decode(&key_bytes)?, record));
-            } else {
-                claim_tree.remove(key_bytes)?;
-            }
-        }
         Ok(Self {
             node_id,
             state: Mutex::new(FleetState::from_image(image)),
-            claim_tree,
+            journal,
         })
+    }
+
+    /// Waits until every claim change so far is on disk (before answering a settle).
+    ///
+    /// # Errors
+    /// When the journal failed to write.
+    pub async fn sync(&self) -> Result<(), LocalError> {
+        Ok(self.journal.sync().await?)
     }
 
     /// Locks the state and moves its clock to now; returns the guard and the time.
@@ -229,13 +233,13 @@ impl LocalEngine {
         self.persist(&state, key)
     }
 
-    /// Writes the claim's current record (or its absence) through to sled.
+    /// Journals the claim's current record (or its absence); compacts the journal when it
+    /// grew enough (under the state lock, so the live set and the appends stay in order).
     fn persist(&self, state: &FleetState, key: &ClaimKey) -> Result<(), LocalError> {
-        let key_bytes = codec::encode(key)?;
-        match state.claim(key) {
-            Some(record) => self.claim_tree.insert(key_bytes, codec::encode(record)?)?,
-            None => self.claim_tree.remove(key_bytes)?,
-        };
+        self.journal.append(key, state.claim(key))?;
+        if self.journal.wants_compaction() {
+            self.journal.compact(state.live_claims())?;
+        }
         Ok(())
     }
 }
@@ -250,17 +254,18 @@ pub struct Fallback {
 }
 
 impl Fallback {
-    /// Opens the fallback's claim index and settle queue in `db`.
+    /// Opens the fallback's claim journal in `data_dir` and its settle queue in `db`.
     ///
     /// # Errors
-    /// When sled fails or a stored record does not decode.
+    /// When the journal or sled fails, or a stored record does not decode.
     pub fn open(
+        data_dir: &Path,
         db: &sled::Db,
         node_id: NodeId,
         budget: crate::config::FallbackBudget,
     ) -> Result<Self, LocalError> {
         Ok(Self {
-            engine: LocalEngine::open(db, node_id, FALLBACK_TREE)?,
+            engine: LocalEngine::open(&data_dir.join(FALLBACK_JOURNAL), node_id)?,
             queue: queue::SettleQueue::open(db)?,
             ledger: ChargeLedger::default(),
             budget,

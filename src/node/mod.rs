@@ -294,6 +294,9 @@ impl Node {
         let answer = match input.scope {
             Scope::Node => {
                 let answer = self.local.apply(&command, Some(&input.key))?;
+                // A settle is answered once its record is on disk (hits need not wait:
+                // see `fallback::journal`).
+                self.local.sync().await?;
                 return settle_answer(answer).map(Decided::node_scope);
             }
             Scope::Fleet => self.propose(command.clone(), deadline).await,
@@ -321,6 +324,8 @@ impl Node {
             });
         };
         self.fallback.engine.apply(&command, Some(key))?;
+        // The claim's new record and the queued settle are both on disk before `QUEUED`.
+        self.fallback.engine.sync().await?;
         let queued = QueuedSettle {
             key: key.clone(),
             hook_id: hook_id.clone(),
@@ -405,6 +410,15 @@ impl Node {
             claim: claim.and_then(|c| applied.state.claim(&c.key).cloned()),
         };
         (view, applied.membership.membership().voter_ids().count())
+    }
+
+    /// Waits until both local claim journals (node scope, fallback) are on disk.
+    ///
+    /// # Errors
+    /// When a journal failed to write.
+    pub async fn sync_local(&self) -> Result<(), LocalError> {
+        self.local.sync().await?;
+        self.fallback.engine.sync().await
     }
 
     /// The local fallback's state (for reconciliation and status).

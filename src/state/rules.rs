@@ -136,6 +136,15 @@ impl FleetState {
             .filter(|record| record.expires_at_us > self.clock_us)
     }
 
+    /// Every claim live at the current clock.
+    pub fn live_claims(&self) -> impl Iterator<Item = (&ClaimKey, &ClaimRecord)> {
+        let clock_us = self.clock_us;
+        self.claims
+            .iter()
+            .filter(move |(_, slot)| slot.value.expires_at_us > clock_us)
+            .map(|(key, slot)| (&**key, &slot.value))
+    }
+
     /// Number of stored buckets and claims (live or not yet swept).
     pub fn len(&self) -> (usize, usize) {
         (self.buckets.len(), self.claims.len())

@@ -1,0 +1,417 @@
+//! The local engine's claim index on disk: an append-only journal of claim records.
+//!
+//! Every change of a claim appends one record `(key, record or none)`; the last record of a
+//! key wins. Appending only copies bytes into a buffer under a mutex: a flusher thread writes
+//! what gathered and `fdatasync`s it, so records that arrive during one sync share the next
+//! (group commit). A caller that must not answer before its record is on disk awaits
+//! [`Journal::sync`] (settles do); one that may answer first does not (hits: a crash can lose
+//! the last flush's claims, typically well under a millisecond of them, and a lost claim
+//! only ever makes a later hit *allowed*, a delivery twice, never a false `duplicate`).
+//!
+//! On open the journal is replayed (a torn or corrupt tail is cut off and logged), expired
+//! claims are dropped, and the live set is written to a fresh file (compaction). While
+//! running, the owner compacts it again when it grew past [`Journal::wants_compaction`]:
+//! it hands over the encoded live set, which the flusher writes to a new file and swaps in
+//! atomically (write, fsync, rename, fsync the directory).
+//!
+//! Record layout: `len: u32 LE`, `crc32(body): u32 LE`, `body` = bincode of
+//! `(ClaimKey, Option<ClaimRecord>)`.
+//!
+//! This replaced a sled tree: sled's per-insert work was over half of a node-scope hit's
+//! CPU (docs/benchmarks.md), and its flush does not reach the disk (docs/storage.md).
+
+use std::collections::HashMap;
+use std::fs::{File, OpenOptions};
+use std::io::{BufReader, Read, Write};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use crate::codec;
+use crate::state::{ClaimKey, ClaimRecord};
+
+/// A journal smaller than this is never compacted while running.
+const COMPACT_BYTES_MIN: u64 = 64 * 1024 * 1024;
+/// Bytes of a record's header (length and checksum).
+const HEADER_BYTES: usize = 8;
+/// A record longer than this is corrupt (the longest valid one is a few KiB).
+const RECORD_BYTES_MAX: usize = 1024 * 1024;
+/// The flusher syncs at most once per interval. Without it, it synced back to back, and at
+/// 45k node-scope hits/s the syncs cost a third of the node's CPU; 1 ms took node scope
+/// from 42-46k to 52-64k hits/s (docs/benchmarks.md), for at most 1 ms more on a settle.
+const FLUSH_INTERVAL: Duration = Duration::from_millis(1);
+
+/// The journal could not be read or written.
+#[derive(Debug, thiserror::Error)]
+pub enum JournalError {
+    #[error("claim journal {path}: {source}")]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("claim journal record: {0}")]
+    Codec(#[from] codec::CodecError),
+    #[error("claim journal {path} stopped after a write failed: {reason}")]
+    Failed { path: PathBuf, reason: String },
+}
+
+/// What the flusher has to do next.
+#[derive(Default)]
+struct Pending {
+    /// Encoded records not yet written.
+    bytes: Vec<u8>,
+    /// An encoded live set to replace the file with, before `bytes` are appended.
+    compaction: Option<Vec<u8>>,
+    /// Bytes in the file plus those pending: what the next compaction is measured against.
+    journal_bytes: u64,
+    /// Size of the last compacted file (the live set then).
+    compacted_bytes: u64,
+    /// Records appended so far (the last one's sequence number).
+    appended: u64,
+    /// Set when a write failed: the journal takes no more records.
+    failed: Option<String>,
+    stop: bool,
+}
+
+/// What the flusher publishes after every write: records on disk, and whether it failed.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct Flushed {
+    upto: u64,
+    failed: bool,
+}
+
+struct Shared {
+    path: PathBuf,
+    pending: Mutex<Pending>,
+    wake: Condvar,
+    flushed: tokio::sync::watch::Sender<Flushed>,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, Pending> {
+        // A panic while holding the lock leaves plain bytes behind: still usable.
+        self.pending
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+/// An open claim journal and its flusher thread.
+pub struct Journal {
+    shared: Arc<Shared>,
+    flusher: Option<JoinHandle<()>>,
+}
+
+impl Journal {
+    /// Opens (or creates) the journal at `path`, replays it and compacts it; returns the
+    /// journal and the claims live at `now_us`.
+    ///
+    /// # Errors
+    /// When the file cannot be read, written or synced.
+    pub fn open(
+        path: &Path,
+        now_us: u64,
+    ) -> Result<(Self, Vec<(ClaimKey, ClaimRecord)>), JournalError> {
+        let io = |source| JournalError::Io {
+            path: path.to_owned(),
+            source,
+        };
+        let claims = replay(path, now_us).map_err(io)?;
+        let live = encode_all(claims.iter().map(|(key, record)| (key, Some(record))))?;
+        replace_file(path, &live).map_err(io)?;
+        let file = OpenOptions::new().append(true).open(path).map_err(io)?;
+        let shared = Arc::new(Shared {
+            path: path.to_owned(),
+            pending: Mutex::new(Pending {
+                journal_bytes: live.len() as u64,
+                compacted_bytes: live.len() as u64,
+                ..Pending::default()
+            }),
+            wake: Condvar::new(),
+            flushed: tokio::sync::watch::Sender::new(Flushed::default()),
+        });
+        let flusher = {
+            let shared = shared.clone();
+            std::thread::Builder::new()
+                .name("claim-journal".to_owned())
+                .spawn(move || flush_loop(&shared, file))
+                .map_err(io)?
+        };
+        Ok((
+            Self {
+                shared,
+                flusher: Some(flusher),
+            },
+            claims,
+        ))
+    }
+
+    /// Appends the claim's current record (`None`: it is gone).
+    ///
+    /// # Errors
+    /// When an earlier write failed (the disk is not taking records).
+    pub fn append(&self, key: &ClaimKey, record: Option<&ClaimRecord>) -> Result<(), JournalError> {
+        let mut pending = self.shared.lock();
+        if let Some(reason) = &pending.failed {
+            return Err(JournalError::Failed {
+                path: self.shared.path.clone(),
+                reason: reason.clone(),
+            });
+        }
+        let before = pending.bytes.len();
+        encode_record(&mut pending.bytes, key, record)?;
+        pending.journal_bytes += (pending.bytes.len() - before) as u64;
+        pending.appended += 1;
+        drop(pending);
+        // The flusher sleeps only on an empty buffer: the first record wakes it (a wake-up
+        // per record would cost a futex call each).
+        if before == 0 {
+            self.shared.wake.notify_one();
+        }
+        Ok(())
+    }
+
+    /// True when the journal grew to over twice its last compacted size (and past a floor):
+    /// time to hand [`Journal::compact`] the live set.
+    pub fn wants_compaction(&self) -> bool {
+        let pending = self.shared.lock();
+        pending.compaction.is_none()
+            && pending.journal_bytes > COMPACT_BYTES_MIN.max(2 * pending.compacted_bytes)
+    }
+
+    /// Replaces the journal with `live`, the current record of every live claim. Call it
+    /// while holding whatever orders the appends (the engine's state lock): records
+    /// appended before are covered by `live`, records appended after follow it.
+    ///
+    /// # Errors
+    /// When a record does not encode.
+    pub fn compact<'a>(
+        &self,
+        live: impl Iterator<Item = (&'a ClaimKey, &'a ClaimRecord)>,
+    ) -> Result<(), JournalError> {
+        let live = encode_all(live.map(|(key, record)| (key, Some(record))))?;
+        let mut pending = self.shared.lock();
+        pending.bytes.clear();
+        pending.journal_bytes = live.len() as u64;
+        pending.compacted_bytes = live.len() as u64;
+        pending.compaction = Some(live);
+        drop(pending);
+        self.shared.wake.notify_one();
+        Ok(())
+    }
+
+    /// Waits until every record appended so far is on disk.
+    ///
+    /// # Errors
+    /// When a write failed.
+    pub async fn sync(&self) -> Result<(), JournalError> {
+        let target = self.shared.lock().appended;
+        let mut flushed = self.shared.flushed.subscribe();
+        let reached = flushed
+            .wait_for(|flushed| flushed.failed || flushed.upto >= target)
+            .await
+            .map(|flushed| !flushed.failed);
+        match reached {
+            Ok(true) => Ok(()),
+            // Failed, or the flusher is gone (only when the journal is being dropped).
+            _ => Err(JournalError::Failed {
+                path: self.shared.path.clone(),
+                reason: self
+                    .shared
+                    .lock()
+                    .failed
+                    .clone()
+                    .unwrap_or_else(|| "the journal closed".to_owned()),
+            }),
+        }
+    }
+}
+
+impl Drop for Journal {
+    fn drop(&mut self) {
+        self.shared.lock().stop = true;
+        self.shared.wake.notify_one();
+        if let Some(flusher) = self.flusher.take() {
+            let _ = flusher.join();
+        }
+    }
+}
+
+/// The flusher: takes what gathered, writes it, syncs it; repeats until stopped and drained.
+fn flush_loop(shared: &Shared, mut file: File) {
+    let mut last = Instant::now();
+    loop {
+        // At most one sync per interval: what arrives meanwhile shares the next one.
+        let since = last.elapsed();
+        if since < FLUSH_INTERVAL && !shared.lock().stop {
+            std::thread::sleep(FLUSH_INTERVAL - since);
+        }
+        last = Instant::now();
+        let taken = {
+            let mut pending = shared.lock();
+            while pending.bytes.is_empty() && pending.compaction.is_none() && !pending.stop {
+                pending = shared
+                    .wake
+                    .wait(pending)
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+            }
+            if pending.bytes.is_empty() && pending.compaction.is_none() {
+                return; // stopped and drained
+            }
+            (
+                pending.compaction.take(),
+                std::mem::take(&mut pending.bytes),
+                pending.appended,
+            )
+        };
+        let (compaction, bytes, upto) = taken;
+        let written = write_out(&shared.path, &mut file, compaction.as_deref(), &bytes);
+        let failed = written.is_err();
+        if let Err(e) = written {
+            tracing::error!(path = %shared.path.display(), error = %e, "claim journal write failed; it takes no more records");
+            let mut pending = shared.lock();
+            pending.failed = Some(e.to_string());
+            pending.bytes.clear();
+        }
+        shared.flushed.send_replace(Flushed { upto, failed });
+        if failed {
+            return;
+        }
+    }
+}
+
+fn write_out(
+    path: &Path,
+    file: &mut File,
+    compaction: Option<&[u8]>,
+    bytes: &[u8],
+) -> std::io::Result<()> {
+    if let Some(live) = compaction {
+        replace_file(path, live)?;
+        *file = OpenOptions::new().append(true).open(path)?;
+        tracing::info!(path = %path.display(), live_bytes = live.len(), "claim journal compacted");
+    }
+    if !bytes.is_empty() {
+        file.write_all(bytes)?;
+        file.sync_data()?;
+    }
+    Ok(())
+}
+
+/// Writes `bytes` as the whole content of `path`, atomically and durably.
+fn replace_file(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let tmp = path.with_extension("compacting");
+    {
+        let mut file = File::create(&tmp)?;
+        file.write_all(bytes)?;
+        file.sync_all()?;
+    }
+    std::fs::rename(&tmp, path)?;
+    if let Some(dir) = path.parent() {
+        File::open(dir)?.sync_all()?;
+    }
+    Ok(())
+}
+
+fn encode_record(
+    out: &mut Vec<u8>,
+    key: &ClaimKey,
+    record: Option<&ClaimRecord>,
+) -> Result<(), JournalError> {
+    let body = codec::encode(&(key, record))?;
+    let len = u32::try_from(body.len()).unwrap_or(u32::MAX);
+    out.extend_from_slice(&len.to_le_bytes());
+    out.extend_from_slice(&crc32fast::hash(&body).to_le_bytes());
+    out.extend_from_slice(&body);
+    Ok(())
+}
+
+fn encode_all<'a>(
+    records: impl Iterator<Item = (&'a ClaimKey, Option<&'a ClaimRecord>)>,
+) -> Result<Vec<u8>, JournalError> {
+    let mut out = Vec::new();
+    for (key, record) in records {
+        encode_record(&mut out, key, record)?;
+    }
+    Ok(out)
+}
+
+/// Reads every whole, intact record of `path` (a missing file is empty); the last record
+/// of a key wins; claims expired at `now_us` are left out. A torn or corrupt record ends
+/// the replay: it and everything after it are reported and dropped.
+fn replay(path: &Path, now_us: u64) -> std::io::Result<Vec<(ClaimKey, ClaimRecord)>> {
+    let file = match File::open(path) {
+        Ok(file) => file,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(e),
+    };
+    let mut reader = BufReader::with_capacity(1 << 20, file);
+    let mut claims: HashMap<ClaimKey, ClaimRecord> = HashMap::new();
+    let mut offset = 0u64;
+    let mut header = [0u8; HEADER_BYTES];
+    let mut body = Vec::new();
+    loop {
+        match read_record(&mut reader, &mut header, &mut body) {
+            Ok(Some(())) => {}
+            Ok(None) => break,
+            Err(reason) => {
+                tracing::warn!(path = %path.display(), offset, reason, "claim journal: dropped a torn or corrupt tail");
+                break;
+            }
+        }
+        match codec::decode::<(ClaimKey, Option<ClaimRecord>)>(&body) {
+            Ok((key, Some(record))) => {
+                claims.insert(key, record);
+            }
+            Ok((key, None)) => {
+                claims.remove(&key);
+            }
+            Err(e) => {
+                let reason = e.to_string();
+                tracing::warn!(path = %path.display(), offset, reason, "claim journal: dropped an undecodable tail");
+                break;
+            }
+        }
+        offset += (HEADER_BYTES + body.len()) as u64;
+    }
+    Ok(claims
+        .into_iter()
+        .filter(|(_, record)| record.expires_at_us > now_us)
+        .collect())
+}
+
+/// One record into `body`: `Some` when whole and intact, `None` at a clean end of file.
+fn read_record(
+    reader: &mut impl Read,
+    header: &mut [u8; HEADER_BYTES],
+    body: &mut Vec<u8>,
+) -> Result<Option<()>, String> {
+    let mut filled = 0;
+    while filled < HEADER_BYTES {
+        match reader.read(&mut header[filled..]) {
+            Ok(0) if filled == 0 => return Ok(None),
+            Ok(0) => return Err("a record header was cut short".to_owned()),
+            Ok(n) => filled += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e.to_string()),
+        }
+    }
+    let [l0, l1, l2, l3, c0, c1, c2, c3] = *header;
+    let len = u32::from_le_bytes([l0, l1, l2, l3]) as usize;
+    let crc = u32::from_le_bytes([c0, c1, c2, c3]);
+    if len > RECORD_BYTES_MAX {
+        return Err(format!("a record claims {len} bytes"));
+    }
+    body.resize(len, 0);
+    reader
+        .read_exact(body)
+        .map_err(|_| "a record body was cut short".to_owned())?;
+    if crc32fast::hash(body) != crc {
+        return Err("a record failed its checksum".to_owned());
+    }
+    Ok(Some(()))
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,157 @@
+//! The journal against its promises: the last record of a key wins, removals and expiry
+//! hold across a reopen, a torn or corrupt tail is cut off (never the records before it),
+//! and compaction keeps exactly the live set while later appends follow it.
+
+use super::*;
+use crate::state::{ClaimState, HookId};
+
+const NOW_US: u64 = 1_000_000_000;
+
+fn key(name: &str) -> ClaimKey {
+    ClaimKey {
+        tenant: "acme".into(),
+        source_id: "stripe".into(),
+        key: name.to_owned(),
+    }
+}
+
+fn record(hook: &str, state: ClaimState, expires_at_us: u64) -> ClaimRecord {
+    ClaimRecord {
+        hook_id: HookId::from(hook),
+        node: 1,
+        state,
+        expires_at_us,
+        ttl_ms: 60_000,
+    }
+}
+
+fn live(hook: &str) -> ClaimRecord {
+    record(hook, ClaimState::Pending, NOW_US + 60_000_000)
+}
+
+fn sorted(mut claims: Vec<(ClaimKey, ClaimRecord)>) -> Vec<(ClaimKey, ClaimRecord)> {
+    claims.sort_by(|a, b| a.0.cmp(&b.0));
+    claims
+}
+
+fn reopen(path: &Path) -> Vec<(ClaimKey, ClaimRecord)> {
+    let (_journal, claims) = Journal::open(path, NOW_US).expect("reopen");
+    sorted(claims)
+}
+
+#[tokio::test]
+async fn the_last_record_of_a_key_wins_across_a_reopen() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("claims.journal");
+    let (journal, claims) = Journal::open(&path, NOW_US).expect("open");
+    assert!(claims.is_empty(), "a new journal is empty");
+    let committed = record("hook-a", ClaimState::Committed, NOW_US + 90_000_000);
+    journal
+        .append(&key("a"), Some(&live("hook-a")))
+        .expect("append");
+    journal.append(&key("a"), Some(&committed)).expect("append");
+    journal
+        .append(&key("b"), Some(&live("hook-b")))
+        .expect("append");
+    journal.append(&key("b"), None).expect("append");
+    journal
+        .append(&key("c"), Some(&live("hook-c")))
+        .expect("append");
+    journal.sync().await.expect("sync");
+    drop(journal);
+    assert_eq!(
+        reopen(&path),
+        vec![(key("a"), committed), (key("c"), live("hook-c"))]
+    );
+}
+
+#[tokio::test]
+async fn expired_claims_are_dropped_on_open() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("claims.journal");
+    let (journal, _) = Journal::open(&path, NOW_US).expect("open");
+    let stale = record("hook-old", ClaimState::Committed, NOW_US);
+    journal.append(&key("old"), Some(&stale)).expect("append");
+    journal
+        .append(&key("new"), Some(&live("hook-new")))
+        .expect("append");
+    drop(journal); // dropping drains the flusher
+    assert_eq!(reopen(&path), vec![(key("new"), live("hook-new"))]);
+}
+
+/// Three records on disk, then `damage` applied to the file's bytes.
+async fn damaged(damage: impl FnOnce(&mut Vec<u8>, &[usize])) -> Vec<(ClaimKey, ClaimRecord)> {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("claims.journal");
+    let (journal, _) = Journal::open(&path, NOW_US).expect("open");
+    let mut ends = Vec::new();
+    for name in ["a", "b", "c"] {
+        journal
+            .append(&key(name), Some(&live(&format!("hook-{name}"))))
+            .expect("append");
+        journal.sync().await.expect("sync");
+        ends.push(std::fs::metadata(&path).expect("stat").len() as usize);
+    }
+    drop(journal);
+    let mut bytes = std::fs::read(&path).expect("read");
+    damage(&mut bytes, &ends);
+    std::fs::write(&path, &bytes).expect("write");
+    let claims = reopen(&path);
+    // The damaged file was replaced by the live set: appending and reopening works.
+    let (journal, again) = Journal::open(&path, NOW_US).expect("open again");
+    assert_eq!(sorted(again), claims, "the cut file reads back the same");
+    journal
+        .append(&key("d"), Some(&live("hook-d")))
+        .expect("append");
+    drop(journal);
+    assert!(reopen(&path).contains(&(key("d"), live("hook-d"))));
+    claims
+}
+
+#[tokio::test]
+async fn a_torn_tail_loses_only_the_torn_record() {
+    let claims = damaged(|bytes, ends| bytes.truncate(ends[2] - 3)).await;
+    assert_eq!(
+        claims,
+        vec![(key("a"), live("hook-a")), (key("b"), live("hook-b"))]
+    );
+}
+
+#[tokio::test]
+async fn a_corrupt_record_ends_the_replay_there() {
+    // One bit flipped inside the second record's body.
+    let claims = damaged(|bytes, ends| bytes[ends[1] - 2] ^= 0x10).await;
+    assert_eq!(claims, vec![(key("a"), live("hook-a"))]);
+}
+
+#[tokio::test]
+async fn compaction_keeps_the_live_set_and_later_appends_follow_it() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("claims.journal");
+    let (journal, _) = Journal::open(&path, NOW_US).expect("open");
+    for round in 0..200 {
+        journal
+            .append(&key("hot"), Some(&live(&format!("hook-{round}"))))
+            .expect("append");
+    }
+    journal.sync().await.expect("sync");
+    let grown = std::fs::metadata(&path).expect("stat").len();
+    let hot = live("hook-199");
+    journal
+        .compact([(&key("hot"), &hot)].into_iter())
+        .expect("compact");
+    journal
+        .append(&key("after"), Some(&live("hook-after")))
+        .expect("append");
+    journal.sync().await.expect("sync");
+    let compacted = std::fs::metadata(&path).expect("stat").len();
+    assert!(
+        compacted * 50 < grown,
+        "200 records of one key shrink to 2: {grown} -> {compacted} bytes"
+    );
+    drop(journal);
+    assert_eq!(
+        reopen(&path),
+        vec![(key("after"), live("hook-after")), (key("hot"), hot)]
+    );
+}
