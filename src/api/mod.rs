@@ -50,9 +50,9 @@ fn hit_response(decided: Decided<HitAnswer>) -> pb::HitResponse {
     use pb::hit_response::Outcome;
     let outcome = match decided.answer {
         HitAnswer::Allowed => Outcome::Allowed(pb::Allowed {}),
-        HitAnswer::Duplicate { hook_id } => {
-            Outcome::Duplicate(pb::Duplicate { hook_id: hook_id.0 })
-        }
+        HitAnswer::Duplicate { hook_id } => Outcome::Duplicate(pb::Duplicate {
+            hook_id: hook_id.0.into(),
+        }),
         HitAnswer::Pending { retry_after_ms } => Outcome::Pending(pb::Pending { retry_after_ms }),
         HitAnswer::RateLimited { retry_after_ms } => {
             Outcome::RateLimited(pb::RateLimited { retry_after_ms })
@@ -70,7 +70,7 @@ fn settle_response(decided: Decided<SettleAnswer>) -> pb::SettleResponse {
     let (status, holder_hook_id) = match decided.answer {
         SettleAnswer::Settled => (pb::SettleStatus::Settled, String::new()),
         SettleAnswer::Recreated => (pb::SettleStatus::Recreated, String::new()),
-        SettleAnswer::Conflict { holder } => (pb::SettleStatus::Conflict, holder.0),
+        SettleAnswer::Conflict { holder } => (pb::SettleStatus::Conflict, holder.0.into()),
         SettleAnswer::Queued => (pb::SettleStatus::Queued, String::new()),
     };
     pb::SettleResponse {
@@ -167,7 +167,7 @@ impl pb::fleet_server::Fleet for FleetService {
 
     type HitStreamStream = HitReplies;
 
-    /// Each request is answered like [`Self::hit`], up to [`HIT_STREAM_IN_FLIGHT`] at once,
+    /// Each request is answered like a unary `Hit` (`answer_hit`), up to [`HIT_STREAM_IN_FLIGHT`] at once,
     /// inside the response stream's own polling (no task per request). A message that does
     /// not decode ends the stream with INVALID_ARGUMENT naming the field (the bytes after it
     /// cannot be trusted); any other error is a reply and the stream goes on.

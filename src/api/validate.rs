@@ -100,7 +100,7 @@ fn charge(i: usize, charge: &pb::Charge) -> Result<Charge, InvalidArgument> {
         Ok(pb::Kind::Bytes) => Kind::Bytes,
         _ => return Err(invalid(field("kind"), "must be KIND_HOOKS or KIND_BYTES")),
     };
-    let tenant = TenantId(text(&field("tenant"), &charge.tenant, ID_BYTES_MAX)?);
+    let tenant = TenantId::from(text(&field("tenant"), &charge.tenant, ID_BYTES_MAX)?);
     if charge.increment_us == 0 || charge.increment_us > YEAR_US {
         return Err(invalid(
             field("increment_us"),
@@ -123,11 +123,11 @@ fn charge(i: usize, charge: &pb::Charge) -> Result<Charge, InvalidArgument> {
 fn claim(claim: &pb::Claim) -> Result<ClaimRequest, InvalidArgument> {
     Ok(ClaimRequest {
         key: ClaimKey {
-            tenant: TenantId(text("claim.tenant", &claim.tenant, ID_BYTES_MAX)?),
-            source_id: SourceId(text("claim.source_id", &claim.source_id, ID_BYTES_MAX)?),
-            key: text("claim.key", &claim.key, KEY_BYTES_MAX)?,
+            tenant: TenantId::from(text("claim.tenant", &claim.tenant, ID_BYTES_MAX)?),
+            source_id: SourceId::from(text("claim.source_id", &claim.source_id, ID_BYTES_MAX)?),
+            key: text("claim.key", &claim.key, KEY_BYTES_MAX)?.into(),
         },
-        hook_id: HookId(text("claim.hook_id", &claim.hook_id, ID_BYTES_MAX)?),
+        hook_id: HookId::from(text("claim.hook_id", &claim.hook_id, ID_BYTES_MAX)?),
         ttl_ms: ttl_ms("claim.ttl_ms", claim.ttl_ms)?,
         pending_ttl_ms: ttl_ms("claim.pending_ttl_ms", claim.pending_ttl_ms)?,
     })
@@ -177,11 +177,11 @@ pub fn settle(
     defaults: RequestDefaults,
 ) -> Result<SettleInput, InvalidArgument> {
     let key = ClaimKey {
-        tenant: TenantId(text("tenant", &request.tenant, ID_BYTES_MAX)?),
-        source_id: SourceId(text("source_id", &request.source_id, ID_BYTES_MAX)?),
-        key: text("key", &request.key, KEY_BYTES_MAX)?,
+        tenant: TenantId::from(text("tenant", &request.tenant, ID_BYTES_MAX)?),
+        source_id: SourceId::from(text("source_id", &request.source_id, ID_BYTES_MAX)?),
+        key: text("key", &request.key, KEY_BYTES_MAX)?.into(),
     };
-    let hook_id = HookId(text("hook_id", &request.hook_id, ID_BYTES_MAX)?);
+    let hook_id = HookId::from(text("hook_id", &request.hook_id, ID_BYTES_MAX)?);
     let outcome = match pb::SettleOutcome::try_from(request.outcome) {
         Ok(pb::SettleOutcome::Commit) => SettleOutcome::Commit,
         Ok(pb::SettleOutcome::Release) => SettleOutcome::Release,
@@ -215,7 +215,7 @@ pub fn reset(
     defaults: RequestDefaults,
 ) -> Result<ResetInput, InvalidArgument> {
     Ok(ResetInput {
-        tenant: TenantId(text("tenant", &request.tenant, ID_BYTES_MAX)?),
+        tenant: TenantId::from(text("tenant", &request.tenant, ID_BYTES_MAX)?),
         timeout: timeout("timeout_ms", request.timeout_ms, defaults)?,
     })
 }
@@ -229,8 +229,8 @@ pub fn check_rate(
     request: &pb::CheckRateRequest,
     defaults: RequestDefaults,
 ) -> Result<CheckRateInput, InvalidArgument> {
-    let entity_id = EntityId(text("entity_id", &request.entity_id, ID_BYTES_MAX)?);
-    let operation = text("operation", &request.operation, ID_BYTES_MAX)?;
+    let entity_id = EntityId::from(text("entity_id", &request.entity_id, ID_BYTES_MAX)?);
+    let operation = text("operation", &request.operation, ID_BYTES_MAX)?.into();
     if request.window_ms == 0 || request.window_ms > WINDOW_MS_MAX {
         return Err(invalid(
             "window_ms",

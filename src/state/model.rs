@@ -9,8 +9,10 @@ pub type NodeId = u64;
 macro_rules! string_id {
     ($(#[$doc:meta])* $name:ident) => {
         $(#[$doc])*
+        /// (A `Box<str>`, not a `String`: 16 bytes instead of 24 in every stored key and
+        /// record, with the same encoding.)
         #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-        pub struct $name(pub String);
+        pub struct $name(pub Box<str>);
 
         impl $name {
             /// The id as text.
@@ -21,7 +23,13 @@ macro_rules! string_id {
 
         impl From<&str> for $name {
             fn from(value: &str) -> Self {
-                Self(value.to_owned())
+                Self(value.into())
+            }
+        }
+
+        impl From<String> for $name {
+            fn from(value: String) -> Self {
+                Self(value.into_boxed_str())
             }
         }
 
@@ -67,7 +75,7 @@ pub enum BucketKey {
     },
     Entity {
         entity_id: EntityId,
-        operation: String,
+        operation: Box<str>,
     },
 }
 
@@ -84,7 +92,7 @@ pub struct Charge {
 pub struct ClaimKey {
     pub tenant: TenantId,
     pub source_id: SourceId,
-    pub key: String,
+    pub key: Box<str>,
 }
 
 /// A hit's request to claim a key for a hook (SPEC section 5, step 3).

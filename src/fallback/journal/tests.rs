@@ -11,7 +11,7 @@ fn key(name: &str) -> ClaimKey {
     ClaimKey {
         tenant: "acme".into(),
         source_id: "stripe".into(),
-        key: name.to_owned(),
+        key: name.into(),
     }
 }
 

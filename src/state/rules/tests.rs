@@ -42,7 +42,7 @@ fn bytes(tenant: &str) -> BucketKey {
 fn entity(entity_id: &str, operation: &str) -> BucketKey {
     BucketKey::Entity {
         entity_id: EntityId::from(entity_id),
-        operation: operation.to_owned(),
+        operation: operation.into(),
     }
 }
 
@@ -62,7 +62,7 @@ fn claim_key(tenant: &str, source_id: &str, key: &str) -> ClaimKey {
     ClaimKey {
         tenant: TenantId::from(tenant),
         source_id: source_id.into(),
-        key: key.to_owned(),
+        key: key.into(),
     }
 }
 
@@ -1649,7 +1649,7 @@ fn a_reconciled_commit_replaces_a_late_pending_claim_of_its_own_node() {
     let key = ClaimKey {
         tenant: TenantId::from("t"),
         source_id: SourceId::from("s"),
-        key: "k".to_owned(),
+        key: "k".into(),
     };
     let mut state = FleetState::default();
     apply_batch(&mut state, &[pending_by(&key, "retry", 7)], T0_US);
@@ -1665,7 +1665,7 @@ fn a_reconciled_commit_still_conflicts_with_other_nodes_and_commits() {
     let key = ClaimKey {
         tenant: TenantId::from("t"),
         source_id: SourceId::from("s"),
-        key: "k".to_owned(),
+        key: "k".into(),
     };
     let mut state = FleetState::default();
     apply_batch(&mut state, &[pending_by(&key, "theirs", 8)], T0_US);
