@@ -61,8 +61,8 @@ pub enum JournalError {
 struct Pending {
     /// Encoded records not yet written.
     bytes: Vec<u8>,
-    /// An encoded live set to replace the file with, before `bytes` are appended.
-    compaction: Option<Vec<u8>>,
+    /// A live set to replace the file with, before `bytes` are appended.
+    compaction: Option<Compaction>,
     /// Bytes in the file plus those pending: what the next compaction is measured against.
     journal_bytes: u64,
     /// Size of the last compacted file (the live set then).
@@ -72,6 +72,14 @@ struct Pending {
     /// Set when a write failed: the journal takes no more records.
     failed: Option<String>,
     stop: bool,
+}
+
+/// A requested compaction: the encoded live set, and the records it superseded that were
+/// not written yet (they go to the old file if the new one cannot be put in place, so a
+/// failed compaction loses nothing).
+struct Compaction {
+    live: Vec<u8>,
+    superseded: Vec<u8>,
 }
 
 /// What the flusher publishes after every write: records on disk, and whether it failed.
@@ -117,7 +125,13 @@ impl Journal {
             path: path.to_owned(),
             source,
         };
-        let claims = replay(path, now_us).map_err(io)?;
+        let Replayed { claims, damaged } = replay(path, now_us).map_err(io)?;
+        if damaged {
+            // Keep the evidence: the rewrite below drops what followed the damage.
+            let aside = path.with_extension(format!("damaged-{now_us}"));
+            std::fs::copy(path, &aside).map_err(io)?;
+            tracing::warn!(path = %path.display(), kept = %aside.display(), "claim journal: the damaged file is kept aside");
+        }
         let live = encode_all(claims.iter().map(|(key, record)| (key, Some(record))))?;
         replace_file(path, &live).map_err(io)?;
         let file = OpenOptions::new().append(true).open(path).map_err(io)?;
@@ -192,10 +206,14 @@ impl Journal {
     ) -> Result<(), JournalError> {
         let live = encode_all(live.map(|(key, record)| (key, Some(record))))?;
         let mut pending = self.shared.lock();
-        pending.bytes.clear();
+        let mut superseded = match pending.compaction.take() {
+            Some(earlier) => earlier.superseded,
+            None => Vec::new(),
+        };
+        superseded.append(&mut pending.bytes);
         pending.journal_bytes = live.len() as u64;
         pending.compacted_bytes = live.len() as u64;
-        pending.compaction = Some(live);
+        pending.compaction = Some(Compaction { live, superseded });
         drop(pending);
         self.shared.wake.notify_one();
         Ok(())
@@ -240,6 +258,7 @@ impl Drop for Journal {
 
 /// The flusher: takes what gathered, writes it, syncs it; repeats until stopped and drained.
 fn flush_loop(shared: &Shared, mut file: File) {
+    let _guard = FailOnPanic(shared);
     let mut last = Instant::now();
     loop {
         // At most one sync per interval: what arrives meanwhile shares the next one.
@@ -266,7 +285,7 @@ fn flush_loop(shared: &Shared, mut file: File) {
             )
         };
         let (compaction, bytes, upto) = taken;
-        let written = write_out(&shared.path, &mut file, compaction.as_deref(), &bytes);
+        let written = write_out(&shared.path, &mut file, compaction, &bytes);
         let failed = written.is_err();
         if let Err(e) = written {
             tracing::error!(path = %shared.path.display(), error = %e, "claim journal write failed; it takes no more records");
@@ -281,18 +300,45 @@ fn flush_loop(shared: &Shared, mut file: File) {
     }
 }
 
+/// Marks the journal failed if the flusher panics, so no `sync` waits for it forever.
+struct FailOnPanic<'a>(&'a Shared);
+
+impl Drop for FailOnPanic<'_> {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            self.0.lock().failed = Some("the flusher thread panicked".to_owned());
+            self.0.flushed.send_modify(|flushed| flushed.failed = true);
+        }
+    }
+}
+
 fn write_out(
     path: &Path,
     file: &mut File,
-    compaction: Option<&[u8]>,
+    compaction: Option<Compaction>,
     bytes: &[u8],
 ) -> std::io::Result<()> {
-    if let Some(live) = compaction {
-        replace_file(path, live)?;
-        *file = OpenOptions::new().append(true).open(path)?;
-        tracing::info!(path = %path.display(), live_bytes = live.len(), "claim journal compacted");
+    let mut unsynced = !bytes.is_empty();
+    if let Some(Compaction { live, superseded }) = compaction {
+        match put_in_place(path, &live) {
+            Ok(()) => {
+                *file = OpenOptions::new().append(true).open(path)?;
+                tracing::info!(path = %path.display(), live_bytes = live.len(), "claim journal compacted");
+            }
+            Err(Placed::No(e)) => {
+                // The old file is still the journal: it gets what the live set covered.
+                tracing::warn!(path = %path.display(), error = %e, "claim journal compaction failed; the journal keeps growing");
+                file.write_all(&superseded)?;
+                unsynced = true;
+            }
+            Err(Placed::NameNotSynced(e)) => {
+                // The new file is the journal now; its name may not survive a power cut.
+                *file = OpenOptions::new().append(true).open(path)?;
+                return Err(e);
+            }
+        }
     }
-    if !bytes.is_empty() {
+    if unsynced {
         file.write_all(bytes)?;
         file.sync_data()?;
     }
@@ -301,17 +347,36 @@ fn write_out(
 
 /// Writes `bytes` as the whole content of `path`, atomically and durably.
 fn replace_file(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    put_in_place(path, bytes).map_err(|(Placed::No(e) | Placed::NameNotSynced(e))| e)
+}
+
+/// How far [`put_in_place`] got when it failed.
+enum Placed {
+    /// Before the rename: `path` is as it was.
+    No(std::io::Error),
+    /// Syncing the directory after the rename: the new file is in place.
+    NameNotSynced(std::io::Error),
+}
+
+/// Writes `bytes` to a temporary file, syncs it and renames it over `path`, then syncs the
+/// directory.
+fn put_in_place(path: &Path, bytes: &[u8]) -> Result<(), Placed> {
     let tmp = path.with_extension("compacting");
-    {
-        let mut file = File::create(&tmp)?;
+    let written = File::create(&tmp).and_then(|mut file| {
         file.write_all(bytes)?;
-        file.sync_all()?;
+        file.sync_all()
+    });
+    if let Err(e) = written.and_then(|()| std::fs::rename(&tmp, path)) {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(Placed::No(e));
     }
-    std::fs::rename(&tmp, path)?;
-    if let Some(dir) = path.parent() {
-        File::open(dir)?.sync_all()?;
-    }
-    Ok(())
+    let dir = path
+        .parent()
+        .filter(|dir| !dir.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    File::open(dir)
+        .and_then(|dir| dir.sync_all())
+        .map_err(Placed::NameNotSynced)
 }
 
 fn encode_record(
@@ -337,13 +402,34 @@ fn encode_all<'a>(
     Ok(out)
 }
 
+/// What a replay found.
+struct Replayed {
+    claims: Vec<(ClaimKey, ClaimRecord)>,
+    /// A torn or corrupt record ended the replay before the end of the file.
+    damaged: bool,
+}
+
+/// Why a record could not be read.
+enum RecordError {
+    /// Torn or corrupt: the replay ends here, the records before it stand.
+    Damaged(String),
+    /// The file could not be read: nothing can be concluded, opening fails.
+    Io(std::io::Error),
+}
+
 /// Reads every whole, intact record of `path` (a missing file is empty); the last record
 /// of a key wins; claims expired at `now_us` are left out. A torn or corrupt record ends
-/// the replay: it and everything after it are reported and dropped.
-fn replay(path: &Path, now_us: u64) -> std::io::Result<Vec<(ClaimKey, ClaimRecord)>> {
+/// the replay: it and everything after it are reported and dropped. An I/O error is not
+/// taken for damage: it fails the replay (dropping the rest would delete good records).
+fn replay(path: &Path, now_us: u64) -> std::io::Result<Replayed> {
     let file = match File::open(path) {
         Ok(file) => file,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Ok(Replayed {
+                claims: Vec::new(),
+                damaged: false,
+            })
+        }
         Err(e) => return Err(e),
     };
     let mut reader = BufReader::with_capacity(1 << 20, file);
@@ -351,12 +437,15 @@ fn replay(path: &Path, now_us: u64) -> std::io::Result<Vec<(ClaimKey, ClaimRecor
     let mut offset = 0u64;
     let mut header = [0u8; HEADER_BYTES];
     let mut body = Vec::new();
+    let mut damaged = false;
     loop {
         match read_record(&mut reader, &mut header, &mut body) {
             Ok(Some(())) => {}
             Ok(None) => break,
-            Err(reason) => {
+            Err(RecordError::Io(e)) => return Err(e),
+            Err(RecordError::Damaged(reason)) => {
                 tracing::warn!(path = %path.display(), offset, reason, "claim journal: dropped a torn or corrupt tail");
+                damaged = true;
                 break;
             }
         }
@@ -370,15 +459,19 @@ fn replay(path: &Path, now_us: u64) -> std::io::Result<Vec<(ClaimKey, ClaimRecor
             Err(e) => {
                 let reason = e.to_string();
                 tracing::warn!(path = %path.display(), offset, reason, "claim journal: dropped an undecodable tail");
+                damaged = true;
                 break;
             }
         }
         offset += (HEADER_BYTES + body.len()) as u64;
     }
-    Ok(claims
-        .into_iter()
-        .filter(|(_, record)| record.expires_at_us > now_us)
-        .collect())
+    Ok(Replayed {
+        claims: claims
+            .into_iter()
+            .filter(|(_, record)| record.expires_at_us > now_us)
+            .collect(),
+        damaged,
+    })
 }
 
 /// One record into `body`: `Some` when whole and intact, `None` at a clean end of file.
@@ -386,29 +479,34 @@ fn read_record(
     reader: &mut impl Read,
     header: &mut [u8; HEADER_BYTES],
     body: &mut Vec<u8>,
-) -> Result<Option<()>, String> {
+) -> Result<Option<()>, RecordError> {
+    let damaged = |reason: &str| RecordError::Damaged(reason.to_owned());
     let mut filled = 0;
     while filled < HEADER_BYTES {
         match reader.read(&mut header[filled..]) {
             Ok(0) if filled == 0 => return Ok(None),
-            Ok(0) => return Err("a record header was cut short".to_owned()),
+            Ok(0) => return Err(damaged("a record header was cut short")),
             Ok(n) => filled += n,
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e.to_string()),
+            Err(e) => return Err(RecordError::Io(e)),
         }
     }
     let [l0, l1, l2, l3, c0, c1, c2, c3] = *header;
     let len = u32::from_le_bytes([l0, l1, l2, l3]) as usize;
     let crc = u32::from_le_bytes([c0, c1, c2, c3]);
     if len > RECORD_BYTES_MAX {
-        return Err(format!("a record claims {len} bytes"));
+        return Err(RecordError::Damaged(format!("a record claims {len} bytes")));
     }
     body.resize(len, 0);
-    reader
-        .read_exact(body)
-        .map_err(|_| "a record body was cut short".to_owned())?;
+    match reader.read_exact(body) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
+            return Err(damaged("a record body was cut short"))
+        }
+        Err(e) => return Err(RecordError::Io(e)),
+    }
     if crc32fast::hash(body) != crc {
-        return Err("a record failed its checksum".to_owned());
+        return Err(damaged("a record failed its checksum"));
     }
     Ok(Some(()))
 }

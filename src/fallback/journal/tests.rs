@@ -97,6 +97,11 @@ async fn damaged(damage: impl FnOnce(&mut Vec<u8>, &[usize])) -> Vec<(ClaimKey, 
     damage(&mut bytes, &ends);
     std::fs::write(&path, &bytes).expect("write");
     let claims = reopen(&path);
+    let kept_aside = std::fs::read_dir(dir.path())
+        .expect("list")
+        .filter_map(Result::ok)
+        .any(|entry| entry.file_name().to_string_lossy().contains(".damaged-"));
+    assert!(kept_aside, "the damaged file is kept aside for inspection");
     // The damaged file was replaced by the live set: appending and reopening works.
     let (journal, again) = Journal::open(&path, NOW_US).expect("open again");
     assert_eq!(sorted(again), claims, "the cut file reads back the same");
@@ -111,6 +116,15 @@ async fn damaged(damage: impl FnOnce(&mut Vec<u8>, &[usize])) -> Vec<(ClaimKey, 
 #[tokio::test]
 async fn a_torn_tail_loses_only_the_torn_record() {
     let claims = damaged(|bytes, ends| bytes.truncate(ends[2] - 3)).await;
+    assert_eq!(
+        claims,
+        vec![(key("a"), live("hook-a")), (key("b"), live("hook-b"))]
+    );
+}
+
+#[tokio::test]
+async fn a_header_cut_short_loses_only_its_record() {
+    let claims = damaged(|bytes, ends| bytes.truncate(ends[1] + 3)).await;
     assert_eq!(
         claims,
         vec![(key("a"), live("hook-a")), (key("b"), live("hook-b"))]
@@ -136,22 +150,116 @@ async fn compaction_keeps_the_live_set_and_later_appends_follow_it() {
     }
     journal.sync().await.expect("sync");
     let grown = std::fs::metadata(&path).expect("stat").len();
-    let hot = live("hook-199");
+    let before = live("hook-199");
     journal
-        .compact([(&key("hot"), &hot)].into_iter())
+        .compact([(&key("hot"), &before)].into_iter())
         .expect("compact");
     journal
         .append(&key("after"), Some(&live("hook-after")))
         .expect("append");
+    // The same key again after the compaction: this record must win over the live set's.
+    let hot = live("hook-200");
+    journal.append(&key("hot"), Some(&hot)).expect("append");
     journal.sync().await.expect("sync");
     let compacted = std::fs::metadata(&path).expect("stat").len();
     assert!(
         compacted * 50 < grown,
-        "200 records of one key shrink to 2: {grown} -> {compacted} bytes"
+        "200 records of one key shrink to 3: {grown} -> {compacted} bytes"
     );
     drop(journal);
     assert_eq!(
         reopen(&path),
         vec![(key("after"), live("hook-after")), (key("hot"), hot)]
     );
+}
+
+#[tokio::test]
+async fn a_failed_compaction_loses_nothing_and_the_journal_goes_on() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("claims.journal");
+    let (journal, _) = Journal::open(&path, NOW_US).expect("open");
+    journal
+        .append(&key("a"), Some(&live("hook-a")))
+        .expect("append");
+    journal.sync().await.expect("sync");
+    // A directory where the compacted file would be written: the compaction cannot happen.
+    let blocker = path.with_extension("compacting");
+    std::fs::create_dir(&blocker).expect("block the compaction");
+    journal
+        .append(&key("b"), Some(&live("hook-b")))
+        .expect("append");
+    journal
+        .compact([(&key("a"), &live("hook-a")), (&key("b"), &live("hook-b"))].into_iter())
+        .expect("compact");
+    journal
+        .append(&key("c"), Some(&live("hook-c")))
+        .expect("append");
+    journal
+        .sync()
+        .await
+        .expect("the journal still takes records");
+    drop(journal);
+    std::fs::remove_dir(&blocker).expect("unblock");
+    assert_eq!(
+        reopen(&path),
+        vec![
+            (key("a"), live("hook-a")),
+            (key("b"), live("hook-b")),
+            (key("c"), live("hook-c")),
+        ]
+    );
+}
+
+#[test]
+fn a_journal_that_cannot_be_read_does_not_open() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    // A directory opens but does not read: an I/O error, not damage to cut off.
+    let path = dir.path().join("claims.journal");
+    std::fs::create_dir(&path).expect("mkdir");
+    assert!(matches!(
+        Journal::open(&path, NOW_US),
+        Err(JournalError::Io { .. })
+    ));
+}
+
+#[tokio::test]
+async fn sync_with_nothing_pending_returns() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (journal, _) = Journal::open(&dir.path().join("claims.journal"), NOW_US).expect("open");
+    tokio::time::timeout(std::time::Duration::from_secs(30), journal.sync())
+        .await
+        .expect("an idle journal syncs at once")
+        .expect("sync");
+}
+
+#[test]
+fn a_failed_compaction_writes_what_it_superseded_to_the_old_file() {
+    // The flusher's step on its own (the test above cannot force the records it superseded
+    // to still be unwritten when it runs).
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("claims.journal");
+    let mut old = Vec::new();
+    encode_record(&mut old, &key("a"), Some(&live("hook-a"))).expect("encode");
+    std::fs::write(&path, &old).expect("write");
+    let mut superseded = Vec::new();
+    encode_record(&mut superseded, &key("b"), Some(&live("hook-b"))).expect("encode");
+    let mut later = Vec::new();
+    encode_record(&mut later, &key("c"), Some(&live("hook-c"))).expect("encode");
+    let live_set = encode_all(
+        [
+            (&key("a"), Some(&live("hook-a"))),
+            (&key("b"), Some(&live("hook-b"))),
+        ]
+        .into_iter(),
+    )
+    .expect("encode");
+    std::fs::create_dir(path.with_extension("compacting")).expect("block the compaction");
+    let mut file = OpenOptions::new().append(true).open(&path).expect("open");
+    let compaction = Compaction {
+        live: live_set,
+        superseded: superseded.clone(),
+    };
+    write_out(&path, &mut file, Some(compaction), &later).expect("written");
+    let expected = [old, superseded, later].concat();
+    assert_eq!(std::fs::read(&path).expect("read"), expected);
 }
