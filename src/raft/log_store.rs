@@ -12,8 +12,12 @@
 //! with the stored log are refused (entries at or below the purge point are dropped, they
 //! are already in a snapshot), and reads check the indexes they return.
 //!
-//! All redb work runs in [`tokio::task::spawn_blocking`], so the async runtime is never
-//! blocked by an fsync.
+//! Writes go through one writer thread in order (module `writer`); `append` returns once its
+//! entries are queued and in the tail that reads are served from, and its callback fires
+//! after their fsync. Reads of older entries run in [`tokio::task::spawn_blocking`], so
+//! the async runtime is never blocked by redb.
+
+mod writer;
 
 use std::fmt::Debug;
 use std::io;
@@ -72,6 +76,10 @@ pub enum LogStoreError {
         #[from]
         source: tokio::task::JoinError,
     },
+    #[error("the log writer thread: {source}")]
+    Writer { source: io::Error },
+    #[error("the log writer thread is gone")]
+    WriterGone,
 }
 
 macro_rules! from_redb {
@@ -99,6 +107,10 @@ type Result<T, E = LogStoreError> = std::result::Result<T, E>;
 #[derive(Clone)]
 pub struct LogStore {
     db: Arc<Database>,
+    /// Recent entries, including those not yet durable; reads look here first.
+    tail: Arc<std::sync::Mutex<writer::Tail>>,
+    /// Makes every change durable, in order.
+    writer: Arc<writer::Writer>,
     /// The latest committed id openraft reported, not yet written; the next append's
     /// transaction carries it to disk (see [`RaftLogStorage::save_committed`] below).
     committed: Arc<std::sync::Mutex<Option<Option<LogId>>>>,
@@ -134,10 +146,97 @@ impl LogStore {
             LogStoreError::Redb { source } => open_error(source),
             other => other,
         })?;
+        let purged: Option<LogId> = load_meta(&db, LAST_PURGED_KEY)?;
+        let db = Arc::new(db);
+        let tail = Arc::new(std::sync::Mutex::new(writer::Tail::new(
+            purged.map(|log_id| log_id.index),
+        )));
+        let writer = writer::Writer::start(Arc::clone(&db), Arc::clone(&tail))
+            .map_err(|source| LogStoreError::Writer { source })?;
         Ok(LogStore {
-            db: Arc::new(db),
+            db,
+            tail,
+            writer: Arc::new(writer),
             committed: Arc::default(),
         })
+    }
+
+    /// Runs `work` on the writer thread, after every change queued before it.
+    async fn write<F>(&self, work: F) -> Result<()>
+    where
+        F: FnOnce(&Database) -> Result<()> + Send + 'static,
+    {
+        let (done, answer) = tokio::sync::oneshot::channel();
+        let job = writer::Job::Other {
+            work: Box::new(work),
+            done,
+        };
+        if self.writer.submit(job).is_err() {
+            return Err(LogStoreError::WriterGone);
+        }
+        answer.await.map_err(|_| LogStoreError::WriterGone)?
+    }
+
+    /// Puts `entries` in the tail (readable at once) and queues them for the writer, which
+    /// calls `on_durable` after their fsync; never before, since the callback tells openraft
+    /// the entries may be counted towards a quorum.
+    fn append_then_notify(&self, entries: Vec<Entry>, on_durable: writer::OnDurable) -> Result<()> {
+        if let Err(e) = writer::lock(&self.tail).push(&entries) {
+            on_durable(Err(io::Error::other(e.to_string())));
+            return Err(e);
+        }
+        let job = writer::Job::Append {
+            entries,
+            committed: self.take_committed(),
+            done: on_durable,
+        };
+        if let Err(writer::Job::Append { done, .. }) = self.writer.submit(job) {
+            done(Err(io::Error::other("the log writer thread is gone")));
+            return Err(LogStoreError::WriterGone);
+        }
+        Ok(())
+    }
+
+    /// Entries in `bounds`: the part at or above the tail's first index from the tail, the
+    /// part below it from redb (the tail only lets go of entries once they are durable).
+    async fn read(&self, (start, end): (Bound<u64>, Bound<u64>)) -> Result<Vec<Entry>> {
+        if range_is_empty((start, end)) {
+            return Ok(Vec::new());
+        }
+        let from = match start {
+            Bound::Included(index) => index,
+            Bound::Excluded(index) => index.saturating_add(1),
+            Bound::Unbounded => 0,
+        };
+        let (tail_first, from_tail) = {
+            let tail = writer::lock(&self.tail);
+            match tail.first_index() {
+                Some(first) if range_is_empty((Bound::Included(from.max(first)), end)) => {
+                    (Some(first), Vec::new())
+                }
+                Some(first) => (Some(first), tail.read(from.max(first), end)),
+                None => (None, Vec::new()),
+            }
+        };
+        let below_tail = match tail_first {
+            Some(first) if from >= first => return Ok(from_tail),
+            Some(first) => {
+                let end = match end {
+                    Bound::Excluded(index) | Bound::Included(index) if index < first => end,
+                    _ => Bound::Excluded(first),
+                };
+                (Bound::Included(from), end)
+            }
+            None => (Bound::Included(from), end),
+        };
+        let mut entries = self
+            .blocking(move |db| read_entries(db, below_tail))
+            .await?;
+        if let (Some(last), Some(next)) = (entries.last(), from_tail.first()) {
+            check_follows(last.log_id.index, next.log_id.index)?;
+        }
+        entries.extend(from_tail);
+        Ok(entries)
     }
 
     /// Runs `work` on the blocking pool: redb commits fsync and must not stall the runtime.
@@ -160,24 +259,6 @@ impl LogStore {
 
     fn take_committed(&self) -> Option<Option<LogId>> {
         self.committed_slot().take()
-    }
-
-    /// Writes `entries` durably, then calls `on_durable`; never the other way round, since
-    /// the callback tells openraft the entries may be counted towards a quorum.
-    async fn append_then_notify(
-        &self,
-        entries: Vec<Entry>,
-        on_durable: impl FnOnce(io::Result<()>),
-    ) -> Result<()> {
-        let committed = self.take_committed();
-        let result = self
-            .blocking(move |db| append_durably(db, &entries, committed))
-            .await;
-        match &result {
-            Ok(()) => on_durable(Ok(())),
-            Err(error) => on_durable(Err(io::Error::other(error.to_string()))),
-        }
-        result
     }
 }
 
@@ -433,9 +514,7 @@ impl RaftLogReader<TypeConfig> for LogStore {
         range: RB,
     ) -> Result<Vec<Entry>, StorageError> {
         let bounds = (range.start_bound().cloned(), range.end_bound().cloned());
-        self.blocking(move |db| read_entries(db, bounds))
-            .await
-            .map_err(read_logs_error)
+        self.read(bounds).await.map_err(read_logs_error)
     }
 }
 
@@ -443,7 +522,12 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     type LogReader = Self;
 
     async fn get_log_state(&mut self) -> Result<LogState<TypeConfig>, StorageError> {
-        self.blocking(log_state).await.map_err(read_logs_error)
+        let mut state = self.blocking(log_state).await.map_err(read_logs_error)?;
+        // Appended entries count before they are durable (openraft tracks their flush).
+        if let Some(last) = writer::lock(&self.tail).last_log_id() {
+            state.last_log_id = state.last_log_id.max(Some(last));
+        }
+        Ok(state)
     }
 
     async fn get_log_reader(&mut self) -> Self::LogReader {
@@ -453,7 +537,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     /// Durable before it returns: a node must never vote twice in a term, even across a crash.
     async fn save_vote(&mut self, vote: &Vote<NodeId>) -> Result<(), StorageError> {
         let vote = *vote;
-        self.blocking(move |db| store_meta(db, VOTE_KEY, &vote, Durability::Immediate))
+        self.write(move |db| store_meta(db, VOTE_KEY, &vote, Durability::Immediate))
             .await
             .map_err(|e| StorageIOError::write_vote(&e).into())
     }
@@ -484,8 +568,8 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         Ok(stored.flatten())
     }
 
-    /// Returns once the entries are committed to disk (so they are readable), and only then
-    /// fires `callback`. On failure the callback gets the error too, so no waiter hangs.
+    /// Returns once the entries are readable (in the tail) and queued; `callback` fires after
+    /// their fsync. On failure the callback gets the error too, so no waiter hangs.
     async fn append<I>(
         &mut self,
         entries: I,
@@ -496,19 +580,21 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         I::IntoIter: OptionalSend,
     {
         let entries: Vec<Entry> = entries.into_iter().collect();
-        self.append_then_notify(entries, |result| callback.log_io_completed(result))
-            .await
+        let on_durable = Box::new(move |result| callback.log_io_completed(result));
+        self.append_then_notify(entries, on_durable)
             .map_err(write_logs_error)
     }
 
     async fn truncate(&mut self, log_id: LogId) -> Result<(), StorageError> {
-        self.blocking(move |db| truncate_durably(db, log_id.index))
+        writer::lock(&self.tail).truncate(log_id.index);
+        self.write(move |db| truncate_durably(db, log_id.index))
             .await
             .map_err(write_logs_error)
     }
 
     async fn purge(&mut self, log_id: LogId) -> Result<(), StorageError> {
-        self.blocking(move |db| purge_durably(db, log_id))
+        writer::lock(&self.tail).purge(log_id.index);
+        self.write(move |db| purge_durably(db, log_id))
             .await
             .map_err(write_logs_error)
     }
@@ -752,18 +838,24 @@ mod tests {
         let copy_path = dir.path().join("copy-at-callback.redb");
         let store = LogStore::open(&path).expect("open");
         let entries: Vec<Entry> = (0..3).map(|index| request_entry(1, index)).collect();
-        let mut seen_at_callback = None;
+        let (seen, seen_at_callback) = std::sync::mpsc::channel();
+        let source = path.clone();
         store
-            .append_then_notify(entries.clone(), |result| {
-                result.expect("append result");
-                std::fs::copy(&path, &copy_path).expect("copy");
-                let copy = LogStore::open(&copy_path).expect("open copy");
-                let all = (Bound::Unbounded, Bound::Unbounded);
-                seen_at_callback = Some(read_entries(&copy.db, all).expect("read copy"));
-            })
-            .await
+            .append_then_notify(
+                entries.clone(),
+                Box::new(move |result| {
+                    result.expect("append result");
+                    std::fs::copy(&source, &copy_path).expect("copy");
+                    let copy = LogStore::open(&copy_path).expect("open copy");
+                    let all = (Bound::Unbounded, Bound::Unbounded);
+                    let _ = seen.send(read_entries(&copy.db, all).expect("read copy"));
+                }),
+            )
             .expect("append");
-        assert_eq!(seen_at_callback, Some(entries));
+        let seen_at_callback = seen_at_callback
+            .recv_timeout(std::time::Duration::from_secs(30))
+            .expect("the callback fires");
+        assert_eq!(seen_at_callback, entries);
     }
 
     #[tokio::test]
@@ -799,7 +891,8 @@ mod tests {
     }
 
     /// A hole or a misfiled entry in the file (corruption, a bug elsewhere) is reported on
-    /// read, never handed to openraft.
+    /// read, never handed to openraft. (Each raw write is followed by a reopen: a running
+    /// store serves its recent entries from the tail, the file is read after a restart.)
     #[tokio::test]
     async fn read_reports_holes_and_misfiled_entries() {
         let (_dir, path) = scratch();
@@ -809,6 +902,8 @@ mod tests {
             .await
             .expect("append");
         write_raw(&store, 2, &request_entry(1, 2));
+        drop(store);
+        let mut store = LogStore::open(&path).expect("reopen");
         assert!(store.try_get_log_entries(..).await.is_err());
         assert_eq!(
             store
@@ -820,6 +915,8 @@ mod tests {
         );
 
         write_raw(&store, 1, &request_entry(1, 9));
+        drop(store);
+        let mut store = LogStore::open(&path).expect("reopen");
         assert!(store.try_get_log_entries(1..2).await.is_err());
     }
 
