@@ -208,15 +208,15 @@ impl LogStore {
             Bound::Excluded(index) => index.saturating_add(1),
             Bound::Unbounded => 0,
         };
-        let (tail_first, from_tail) = {
+        let (tail_first, from_tail, purged_upto) = {
             let tail = writer::lock(&self.tail);
-            match tail.first_index() {
-                Some(first) if range_is_empty((Bound::Included(from.max(first)), end)) => {
-                    (Some(first), Vec::new())
+            let from_tail = match tail.first_index() {
+                Some(first) if !range_is_empty((Bound::Included(from.max(first)), end)) => {
+                    tail.read(from.max(first), end)
                 }
-                Some(first) => (Some(first), tail.read(from.max(first), end)),
-                None => (None, Vec::new()),
-            }
+                _ => Vec::new(),
+            };
+            (tail.first_index(), from_tail, tail.purged_upto())
         };
         let below_tail = match tail_first {
             Some(first) if from >= first => return Ok(from_tail),
@@ -232,8 +232,14 @@ impl LogStore {
         let mut entries = self
             .blocking(move |db| read_entries(db, below_tail))
             .await?;
-        if let (Some(last), Some(next)) = (entries.last(), from_tail.first()) {
-            check_follows(last.log_id.index, next.log_id.index)?;
+        match (entries.last(), from_tail.first()) {
+            (Some(last), Some(next)) => check_follows(last.log_id.index, next.log_id.index)?,
+            // Nothing in redb below the tail, though `[from, first)` was not purged: a hole
+            // (openraft would replicate the tail as if it followed `from - 1`).
+            (None, Some(next)) if from > 0 && purged_upto.is_none_or(|purged| from > purged) => {
+                check_follows(from - 1, next.log_id.index)?;
+            }
+            _ => {}
         }
         entries.extend(from_tail);
         Ok(entries)

@@ -1,13 +1,18 @@
 //! The log store's write side: one thread that makes every change durable in the order it
 //! was asked for, and the tail of recent entries that reads are served from.
 //!
-//! `append` puts its entries in the [`Tail`] and queues them, then returns: openraft can
-//! replicate them at once (reads of the tail need no redb transaction and no decoding) while
-//! the writer commits them with an fsync, and only then calls openraft's callback, which is
-//! what counts this node's copy towards a quorum. Before, the leader's fsync and the
-//! followers' ran one after the other. Consecutive queued appends share one transaction.
-//! Truncation, purge and the vote go through the same queue, so nothing overtakes an
-//! append, and their callers wait for them to be durable.
+//! `append` puts its entries in the [`Tail`] and queues them, then returns; the writer
+//! commits them with an fsync and only then calls openraft's callback, which is what counts
+//! this node's copy towards a quorum. Replication reads recent entries from the tail, with
+//! no redb transaction and no decoding. Truncation, purge and the vote go through the same
+//! queue, so nothing overtakes an append, and their callers wait for them to be durable.
+//!
+//! openraft 0.9.25 waits for the callback before it goes on (`RaftCore::append_to_log`), so
+//! an entry is never replicated before it is durable here, and only one append is queued at
+//! a time (consecutive queued appends would share one transaction). Safety relies on that
+//! wait: a later openraft that replicates before the local flush must be checked against
+//! this store (a leader restarted in the same term must not reuse a log id it never
+//! persisted).
 
 use std::collections::BTreeMap;
 use std::io;
@@ -54,6 +59,11 @@ impl Tail {
     /// The first index held, if any: everything below it is in redb (or purged).
     pub(super) fn first_index(&self) -> Option<u64> {
         self.entries.keys().next().copied()
+    }
+
+    /// The last purged index (entries at or below it are in a snapshot).
+    pub(super) fn purged_upto(&self) -> Option<u64> {
+        self.purged_upto
     }
 
     pub(super) fn last_log_id(&self) -> Option<LogId> {
@@ -189,7 +199,11 @@ impl Drop for Writer {
     fn drop(&mut self) {
         self.jobs = None;
         if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
+            // Dropped on the writer thread itself (a job holding the last store): it exits
+            // by itself once the queue is empty; joining it here would never return.
+            if thread.thread().id() != std::thread::current().id() {
+                let _ = thread.join();
+            }
         }
     }
 }
