@@ -183,7 +183,6 @@ impl HitSender {
         client: &mut FleetClient<Channel>,
         request: pb::HitRequest,
     ) -> Result<pb::HitResponse, Status> {
-        use pb::hit_stream_reply::Result as Reply;
         let (requests, replies, broken) = match self {
             Self::Unary => return client.hit(request).await.map(tonic::Response::into_inner),
             Self::Stream {
@@ -199,16 +198,7 @@ impl HitSender {
         let reply = replies.message().await;
         *broken = !matches!(reply, Ok(Some(_)));
         match reply? {
-            Some(pb::HitStreamReply {
-                result: Some(Reply::Response(response)),
-            }) => Ok(response),
-            Some(pb::HitStreamReply {
-                result: Some(Reply::Error(error)),
-            }) => Err(Status::new(
-                tonic::Code::from_i32(i32::try_from(error.code).unwrap_or(2)),
-                error.message,
-            )),
-            Some(pb::HitStreamReply { result: None }) => Err(Status::internal("an empty reply")),
+            Some(reply) => crate::api::stream_reply_result(reply),
             None => Err(Status::unavailable("the hit stream ended")),
         }
     }

@@ -141,6 +141,23 @@ fn stream_reply(answer: Result<pb::HitResponse, Status>) -> pb::HitStreamReply {
     }
 }
 
+/// The other side of `stream_reply`, for callers of `HitStream`: the answer, or the error
+/// reply as the status a unary `Hit` would have returned.
+///
+/// # Errors
+/// The error reply, or INTERNAL for a reply without a result.
+pub fn stream_reply_result(reply: pb::HitStreamReply) -> Result<pb::HitResponse, Status> {
+    use pb::hit_stream_reply::Result as Reply;
+    match reply.result {
+        Some(Reply::Response(response)) => Ok(response),
+        Some(Reply::Error(error)) => Err(Status::new(
+            tonic::Code::from_i32(i32::try_from(error.code).unwrap_or(tonic::Code::Unknown as i32)),
+            error.message,
+        )),
+        None => Err(Status::internal("a HitStream reply without a result")),
+    }
+}
+
 /// The edge-facing service.
 pub struct FleetService {
     node: Arc<Node>,

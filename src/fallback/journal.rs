@@ -10,7 +10,7 @@
 //!
 //! On open the journal is replayed (a torn or corrupt tail is cut off and logged), expired
 //! claims are dropped, and the live set is written to a fresh file (compaction). While
-//! running, the owner compacts it again when it grew past [`Journal::wants_compaction`]:
+//! running, the owner compacts it again when [`Journal::append`] says it grew enough:
 //! it hands over the encoded live set, which the flusher writes to a new file and swaps in
 //! atomically (write, fsync, rename, fsync the directory).
 //!
@@ -97,6 +97,13 @@ struct Shared {
 }
 
 impl Shared {
+    fn failed(&self, reason: String) -> JournalError {
+        JournalError::Failed {
+            path: self.path.clone(),
+            reason,
+        }
+    }
+
     fn lock(&self) -> MutexGuard<'_, Pending> {
         // A panic while holding the lock leaves plain bytes behind: still usable.
         self.pending
@@ -161,37 +168,34 @@ impl Journal {
         ))
     }
 
-    /// Appends the claim's current record (`None`: it is gone).
+    /// Appends the claim's current record (`None`: it is gone). Returns true when the
+    /// journal grew to over twice its last compacted size (and past a floor): time to hand
+    /// [`Journal::compact`] the live set. (Decided under the same lock: no second one per hit.)
     ///
     /// # Errors
     /// When an earlier write failed (the disk is not taking records).
-    pub fn append(&self, key: &ClaimKey, record: Option<&ClaimRecord>) -> Result<(), JournalError> {
+    pub fn append(
+        &self,
+        key: &ClaimKey,
+        record: Option<&ClaimRecord>,
+    ) -> Result<bool, JournalError> {
         let mut pending = self.shared.lock();
         if let Some(reason) = &pending.failed {
-            return Err(JournalError::Failed {
-                path: self.shared.path.clone(),
-                reason: reason.clone(),
-            });
+            return Err(self.shared.failed(reason.clone()));
         }
         let before = pending.bytes.len();
         encode_record(&mut pending.bytes, key, record)?;
         pending.journal_bytes += (pending.bytes.len() - before) as u64;
         pending.appended += 1;
+        let wants_compaction = pending.compaction.is_none()
+            && pending.journal_bytes > COMPACT_BYTES_MIN.max(2 * pending.compacted_bytes);
         drop(pending);
         // The flusher sleeps only on an empty buffer: the first record wakes it (a wake-up
         // per record would cost a futex call each).
         if before == 0 {
             self.shared.wake.notify_one();
         }
-        Ok(())
-    }
-
-    /// True when the journal grew to over twice its last compacted size (and past a floor):
-    /// time to hand [`Journal::compact`] the live set.
-    pub fn wants_compaction(&self) -> bool {
-        let pending = self.shared.lock();
-        pending.compaction.is_none()
-            && pending.journal_bytes > COMPACT_BYTES_MIN.max(2 * pending.compacted_bytes)
+        Ok(wants_compaction)
     }
 
     /// Replaces the journal with `live`, the current record of every live claim. Call it
@@ -233,15 +237,12 @@ impl Journal {
         match reached {
             Ok(true) => Ok(()),
             // Failed, or the flusher is gone (only when the journal is being dropped).
-            _ => Err(JournalError::Failed {
-                path: self.shared.path.clone(),
-                reason: self
+            _ => {
+                let reason = self.shared.lock().failed.clone();
+                Err(self
                     .shared
-                    .lock()
-                    .failed
-                    .clone()
-                    .unwrap_or_else(|| "the journal closed".to_owned()),
-            }),
+                    .failed(reason.unwrap_or_else(|| "the journal closed".to_owned())))
+            }
         }
     }
 }

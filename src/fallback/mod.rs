@@ -236,8 +236,7 @@ impl LocalEngine {
     /// Journals the claim's current record (or its absence); compacts the journal when it
     /// grew enough (under the state lock, so the live set and the appends stay in order).
     fn persist(&self, state: &FleetState, key: &ClaimKey) -> Result<(), LocalError> {
-        self.journal.append(key, state.claim(key))?;
-        if self.journal.wants_compaction() {
+        if self.journal.append(key, state.claim(key))? {
             self.journal.compact(state.live_claims())?;
         }
         Ok(())

@@ -99,16 +99,9 @@ struct LiveClaims<'a>(&'a FleetState);
 impl Serialize for LiveClaims<'_> {
     fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         use serde::ser::SerializeSeq;
-        let clock_us = self.0.clock_us;
-        let live = || {
-            self.0
-                .claims
-                .iter()
-                .filter(move |(_, slot)| slot.value.expires_at_us > clock_us)
-        };
-        let mut seq = serializer.serialize_seq(Some(live().count()))?;
-        for (key, slot) in live() {
-            seq.serialize_element(&(&**key, &slot.value))?;
+        let mut seq = serializer.serialize_seq(Some(self.0.live_claims().count()))?;
+        for claim in self.0.live_claims() {
+            seq.serialize_element(&claim)?;
         }
         seq.end()
     }

@@ -789,19 +789,12 @@ impl HitStream {
     /// The next reply: the answer, or the error reply as a status. Panics if the stream
     /// itself ended or failed (an error reply must not end it).
     pub async fn reply(&mut self) -> Result<pb::HitResponse, tonic::Status> {
-        use pb::hit_stream_reply::Result as Reply;
         let reply = tokio::time::timeout(CONDITION_DEADLINE, self.replies.message())
             .await
             .expect("a reply within the deadline")
             .expect("the stream did not fail")
             .expect("the stream did not end");
-        match reply.result.expect("a reply has a result") {
-            Reply::Response(response) => Ok(response),
-            Reply::Error(error) => Err(tonic::Status::new(
-                tonic::Code::from_i32(error.code as i32),
-                error.message,
-            )),
-        }
+        ankusa_fleet::api::stream_reply_result(reply)
     }
 
     /// Sends one request and waits for its reply.
