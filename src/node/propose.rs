@@ -250,7 +250,7 @@ impl Router {
     async fn write_here(&self, commands: Vec<Command>, deadline: Instant) -> ProposeResponse {
         let request = FleetRequest {
             now_us: self.stamp_now_us(),
-            commands,
+            commands: commands.into(),
         };
         match tokio::time::timeout_at(deadline, self.raft.client_write(request)).await {
             Err(_elapsed) => Err(ProposeRefusal::Unavailable {

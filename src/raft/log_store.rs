@@ -631,7 +631,8 @@ mod tests {
             now_us: 1_000 * index,
             commands: vec![Command::Reset {
                 tenant: "tenant-a".into(),
-            }],
+            }]
+            .into(),
         };
         Entry {
             log_id: log_id(term, index),

@@ -1,6 +1,8 @@
 //! The vocabulary of the replicated state: ids, commands (what goes in a log entry) and
 //! answers (what applying one yields). Plain data: no IO, no clock.
 
+use std::sync::Arc;
+
 use serde::{Deserialize, Serialize};
 
 /// A Raft node id (also the `node` recorded on a claim).
@@ -208,7 +210,10 @@ pub enum Answer {
 pub struct FleetRequest {
     /// Microseconds since the Unix epoch, read by the leader when it proposed the entry.
     pub now_us: u64,
-    pub commands: Vec<Command>,
+    /// Shared, not owned: openraft and the log's tail clone entries (for the tail, for each
+    /// follower's AppendEntries), and a shared slice makes those clones a count bump. It
+    /// encodes exactly as a `Vec` would, so the log and snapshot formats are unchanged.
+    pub commands: Arc<[Command]>,
 }
 
 /// One answer per command of the entry (empty for blank and membership entries).

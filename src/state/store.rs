@@ -49,6 +49,9 @@ pub struct Applied {
 #[derive(Serialize, Deserialize)]
 struct StoredSnapshot {
     meta: SnapshotMeta,
+    /// Encoded as one byte string (the same bytes a `Vec<u8>` sequence encodes to, written
+    /// and read as one copy instead of element by element).
+    #[serde(with = "serde_bytes")]
     data: Vec<u8>,
 }
 
@@ -255,4 +258,40 @@ pub fn members(membership: &StoredMembership) -> Vec<(NodeId, MemberNode, bool)>
         .nodes()
         .map(|(id, node)| (*id, node.clone(), voters.contains(id)))
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// How a stored snapshot was laid out before its bytes were written as one string.
+    #[derive(Serialize)]
+    struct StoredSnapshotAsSequence {
+        meta: SnapshotMeta,
+        data: Vec<u8>,
+    }
+
+    #[test]
+    fn stored_snapshot_bytes_read_back_the_same_as_a_byte_sequence() {
+        let meta = SnapshotMeta {
+            last_log_id: None,
+            last_membership: StoredMembership::default(),
+            snapshot_id: "1-7-0".to_owned(),
+        };
+        let data: Vec<u8> = (0..=255u8).cycle().take(1_000).collect();
+        let as_sequence = codec::encode(&StoredSnapshotAsSequence {
+            meta: meta.clone(),
+            data: data.clone(),
+        })
+        .expect("encode");
+        let as_bytes = codec::encode(&StoredSnapshot {
+            meta: meta.clone(),
+            data: data.clone(),
+        })
+        .expect("encode");
+        assert_eq!(as_sequence, as_bytes, "same bytes on disk");
+        let read: StoredSnapshot = codec::decode(&as_sequence).expect("decode");
+        assert_eq!(read.meta, meta);
+        assert_eq!(read.data, data);
+    }
 }
