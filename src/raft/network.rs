@@ -3,9 +3,16 @@
 //!
 //! Every call has a deadline (openraft's `hard_ttl`, or the proposal's remaining time).
 //! Payloads are encoded by `crate::codec`; gRPC only carries bytes and the cluster id.
+//!
+//! AppendEntries, Vote and Propose travel as frames on one long-lived `Peer/Exchange`
+//! stream per peer (`PeerStream`), matched to their answers by call id: a Raft message
+//! then costs one HTTP/2 DATA frame each way instead of a new stream with headers and a
+//! server task. InstallSnapshot (large chunks) stays a unary call, and so does everything
+//! to a peer that does not serve `Exchange`. A stream that breaks is replaced on the next
+//! call; calls still waiting on it fail as [`PeerError::Lost`] (maybe delivered).
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use openraft::error::{
@@ -18,13 +25,16 @@ use openraft::raft::{
 };
 use serde::de::DeserializeOwned;
 use serde::Serialize;
+use tokio::sync::{mpsc, oneshot};
+use tokio_stream::wrappers::UnboundedReceiverStream;
 use tonic::transport::{Channel, Endpoint};
+use tonic::{Status, Streaming};
 
 use super::faults::{Fault, Faults};
 use super::{MemberNode, NodeId, ProposeRequest, ProposeResponse, TypeConfig};
 use crate::codec;
 use crate::pb::internal::peer_client::PeerClient;
-use crate::pb::internal::RaftMessage;
+use crate::pb::internal::{PeerFrame, PeerMethod, RaftMessage};
 
 /// How long to wait for a TCP connection to a peer before calling it unreachable.
 const CONNECT_TIMEOUT: Duration = Duration::from_millis(500);
@@ -40,6 +50,8 @@ pub enum PeerError {
     Refused { addr: String, reason: String },
     #[error("peer {addr} sent an unreadable answer: {reason}")]
     Garbled { addr: String, reason: String },
+    #[error("connection to peer {addr} broke before it answered (the call may have taken effect): {reason}")]
+    Lost { addr: String, reason: String },
 }
 
 impl PeerError {
@@ -49,22 +61,153 @@ impl PeerError {
     }
 }
 
-/// Cached gRPC channels to peers, by raft address (tonic channels reconnect by themselves).
+/// Cached gRPC channels to peers, and one `Exchange` stream per peer, by raft address
+/// (tonic channels reconnect by themselves; a broken stream is reopened on the next call).
 #[derive(Clone)]
 pub struct PeerClients {
     cluster_id: Arc<str>,
     from_node_id: NodeId,
     faults: Faults,
     channels: Arc<Mutex<HashMap<String, PeerClient<Channel>>>>,
+    links: Arc<Mutex<HashMap<String, LinkSlot>>>,
 }
 
-/// Which Peer RPC to call.
-#[derive(Clone, Copy, Debug)]
-enum Method {
-    AppendEntries,
-    Vote,
-    InstallSnapshot,
-    Propose,
+/// How calls reach one peer, once known; callers wait on it while a stream is being opened,
+/// so concurrent first calls share one stream.
+type LinkSlot = Arc<tokio::sync::Mutex<Option<Link>>>;
+
+/// How calls to one peer travel.
+#[derive(Clone)]
+enum Link {
+    /// As frames on this stream.
+    Stream(Arc<PeerStream>),
+    /// As unary RPCs: the peer does not serve `Exchange` (an older build).
+    Unary,
+}
+
+/// The answer to one frame: the encoded payload, or the status the peer refused it with.
+type FrameAnswer = Result<Vec<u8>, Status>;
+
+/// The calls waiting on one stream.
+#[derive(Default)]
+struct Waiting {
+    next_call_id: u64,
+    calls: HashMap<u64, oneshot::Sender<FrameAnswer>>,
+    /// Why the stream ended, once it has: no call is registered after that.
+    ended: Option<String>,
+}
+
+/// One open `Peer/Exchange` stream: frames go out through `frames`, answers come back on a
+/// task that completes the waiting call with the same id.
+struct PeerStream {
+    frames: mpsc::UnboundedSender<PeerFrame>,
+    waiting: Arc<Mutex<Waiting>>,
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    // Plain maps inside; a panic elsewhere cannot leave them half-changed.
+    mutex
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+impl PeerStream {
+    /// Starts the task that reads `answers` until the stream ends, then fails every call
+    /// still waiting (dropping its sender) and refuses new ones.
+    fn start(frames: mpsc::UnboundedSender<PeerFrame>, mut answers: Streaming<PeerFrame>) -> Self {
+        let waiting = Arc::new(Mutex::new(Waiting::default()));
+        let reader = waiting.clone();
+        tokio::spawn(async move {
+            let reason = loop {
+                match answers.message().await {
+                    Ok(Some(answer)) => {
+                        let call = lock(&reader).calls.remove(&answer.call_id);
+                        if let Some(call) = call {
+                            let _ = call.send(frame_answer(answer));
+                        }
+                    }
+                    Ok(None) => break "the peer closed the stream".to_owned(),
+                    Err(status) => break status.message().to_owned(),
+                }
+            };
+            let mut waiting = lock(&reader);
+            waiting.ended = Some(reason);
+            waiting.calls.clear();
+        });
+        Self { frames, waiting }
+    }
+
+    fn ended(&self) -> bool {
+        lock(&self.waiting).ended.is_some()
+    }
+
+    /// Sends one call and waits for its answer. A call that never left (the stream had
+    /// ended) is `Err(None)`; one whose answer was lost with the stream is `Err(Some(_))`.
+    async fn call(&self, mut frame: PeerFrame) -> Result<FrameAnswer, Option<String>> {
+        let (answer, answered) = oneshot::channel();
+        let call_id = {
+            let mut waiting = lock(&self.waiting);
+            if waiting.ended.is_some() {
+                return Err(None);
+            }
+            waiting.next_call_id += 1;
+            let call_id = waiting.next_call_id;
+            waiting.calls.insert(call_id, answer);
+            call_id
+        };
+        // Forgets the call if this future is dropped (its deadline passed) before the answer.
+        let _forget = Forget {
+            waiting: &self.waiting,
+            call_id,
+        };
+        frame.call_id = call_id;
+        if self.frames.send(frame).is_err() {
+            return Err(None);
+        }
+        answered.await.map_err(|_| {
+            let waiting = lock(&self.waiting);
+            Some(waiting.ended.clone().unwrap_or_default())
+        })
+    }
+}
+
+/// Removes a call from the waiting map when its caller stops waiting.
+struct Forget<'a> {
+    waiting: &'a Mutex<Waiting>,
+    call_id: u64,
+}
+
+impl Drop for Forget<'_> {
+    fn drop(&mut self) {
+        lock(self.waiting).calls.remove(&self.call_id);
+    }
+}
+
+fn frame_answer(frame: PeerFrame) -> FrameAnswer {
+    if frame.error_code == 0 {
+        Ok(frame.payload)
+    } else {
+        Err(Status::new(
+            tonic::Code::from_i32(frame.error_code),
+            frame.error_message,
+        ))
+    }
+}
+
+/// A refusal from the peer, as the caller sees it: `UNAVAILABLE` means it did not take the
+/// call (surely not applied), anything else is a refusal with a reason.
+fn refused(addr: String, status: &Status) -> PeerError {
+    if status.code() == tonic::Code::Unavailable {
+        PeerError::Unreachable {
+            addr,
+            reason: status.message().to_owned(),
+        }
+    } else {
+        PeerError::Refused {
+            addr,
+            reason: format!("{:?}: {}", status.code(), status.message()),
+        }
+    }
 }
 
 impl PeerClients {
@@ -76,14 +219,12 @@ impl PeerClients {
             from_node_id,
             faults,
             channels: Arc::new(Mutex::new(HashMap::new())),
+            links: Arc::new(Mutex::new(HashMap::new())),
         }
     }
 
     fn client(&self, raft_addr: &str) -> Result<PeerClient<Channel>, PeerError> {
-        let mut channels = match self.channels.lock() {
-            Ok(guard) => guard,
-            Err(poisoned) => poisoned.into_inner(),
-        };
+        let mut channels = lock(&self.channels);
         if let Some(client) = channels.get(raft_addr) {
             return Ok(client.clone());
         }
@@ -101,11 +242,43 @@ impl PeerClients {
         Ok(client)
     }
 
+    /// How to reach `raft_addr`: its open stream, or a newly opened one (a stream that
+    /// ended is replaced; a peer without `Exchange` is called unary from then on).
+    async fn link(&self, raft_addr: &str) -> Result<Link, PeerError> {
+        let slot = lock(&self.links)
+            .entry(raft_addr.to_owned())
+            .or_default()
+            .clone();
+        let mut link = slot.lock().await;
+        match &*link {
+            Some(Link::Stream(stream)) if stream.ended() => {}
+            Some(known) => return Ok(known.clone()),
+            None => {}
+        }
+        let mut client = self.client(raft_addr)?;
+        let (frames, outgoing) = mpsc::unbounded_channel();
+        let opened = match client
+            .exchange(UnboundedReceiverStream::new(outgoing))
+            .await
+        {
+            Ok(answers) => Link::Stream(Arc::new(PeerStream::start(frames, answers.into_inner()))),
+            Err(status) if status.code() == tonic::Code::Unimplemented => Link::Unary,
+            Err(status) => {
+                return Err(PeerError::Unreachable {
+                    addr: raft_addr.to_owned(),
+                    reason: status.message().to_owned(),
+                })
+            }
+        };
+        *link = Some(opened.clone());
+        Ok(opened)
+    }
+
     async fn call_raw(
         &self,
         target: NodeId,
         raft_addr: &str,
-        method: Method,
+        method: PeerMethod,
         payload: Vec<u8>,
         timeout: Duration,
     ) -> Result<Vec<u8>, PeerError> {
@@ -122,41 +295,77 @@ impl PeerClients {
             Some(Fault::Delay(delay)) => tokio::time::sleep(delay.min(timeout)).await,
             None => {}
         }
+        let call = async {
+            if method != PeerMethod::InstallSnapshot {
+                if let Link::Stream(stream) = self.link(raft_addr).await? {
+                    return self.call_on_stream(&stream, &addr, method, payload).await;
+                }
+            }
+            self.call_unary(raft_addr, method, payload).await
+        };
+        match tokio::time::timeout(timeout, call).await {
+            Err(_) => Err(PeerError::Timeout { addr, timeout }),
+            Ok(answer) => answer,
+        }
+    }
+
+    async fn call_on_stream(
+        &self,
+        stream: &PeerStream,
+        addr: &str,
+        method: PeerMethod,
+        payload: Vec<u8>,
+    ) -> Result<Vec<u8>, PeerError> {
+        let frame = PeerFrame {
+            method: method as i32,
+            cluster_id: self.cluster_id.to_string(),
+            from_node_id: self.from_node_id,
+            payload,
+            ..PeerFrame::default()
+        };
+        match stream.call(frame).await {
+            Ok(Ok(answer)) => Ok(answer),
+            Ok(Err(status)) => Err(refused(addr.to_owned(), &status)),
+            Err(None) => Err(PeerError::Unreachable {
+                addr: addr.to_owned(),
+                reason: "stream to the peer ended before the call was sent".to_owned(),
+            }),
+            Err(Some(reason)) => Err(PeerError::Lost {
+                addr: addr.to_owned(),
+                reason,
+            }),
+        }
+    }
+
+    async fn call_unary(
+        &self,
+        raft_addr: &str,
+        method: PeerMethod,
+        payload: Vec<u8>,
+    ) -> Result<Vec<u8>, PeerError> {
         let mut client = self.client(raft_addr)?;
         let message = RaftMessage {
             cluster_id: self.cluster_id.to_string(),
             from_node_id: self.from_node_id,
             payload,
         };
-        let call = async {
-            match method {
-                Method::AppendEntries => client.append_entries(message).await,
-                Method::Vote => client.vote(message).await,
-                Method::InstallSnapshot => client.install_snapshot(message).await,
-                Method::Propose => client.propose(message).await,
-            }
+        let answer = match method {
+            PeerMethod::AppendEntries => client.append_entries(message).await,
+            PeerMethod::Vote => client.vote(message).await,
+            PeerMethod::InstallSnapshot => client.install_snapshot(message).await,
+            PeerMethod::Propose => client.propose(message).await,
+            PeerMethod::Unspecified => Err(Status::invalid_argument("method: not set")),
         };
-        match tokio::time::timeout(timeout, call).await {
-            Err(_) => Err(PeerError::Timeout { addr, timeout }),
-            Ok(Err(status)) if status.code() == tonic::Code::Unavailable => {
-                Err(PeerError::Unreachable {
-                    addr,
-                    reason: status.message().to_owned(),
-                })
-            }
-            Ok(Err(status)) => Err(PeerError::Refused {
-                addr,
-                reason: format!("{:?}: {}", status.code(), status.message()),
-            }),
-            Ok(Ok(response)) => Ok(response.into_inner().payload),
-        }
+        answer
+            .map(|response| response.into_inner().payload)
+            .map_err(|status| refused(raft_addr.to_owned(), &status))
     }
 
     async fn call<Req: Serialize, Resp: DeserializeOwned>(
         &self,
         target: NodeId,
         raft_addr: &str,
-        method: Method,
+        method: PeerMethod,
         request: &Req,
         timeout: Duration,
     ) -> Result<Resp, PeerError> {
@@ -183,7 +392,7 @@ impl PeerClients {
         request: &ProposeRequest,
         timeout: Duration,
     ) -> Result<ProposeResponse, PeerError> {
-        self.call(target, raft_addr, Method::Propose, request, timeout)
+        self.call(target, raft_addr, PeerMethod::Propose, request, timeout)
             .await
     }
 }
@@ -212,7 +421,7 @@ type RpcResult<Resp, E> = Result<Resp, RPCError<NodeId, MemberNode, RaftError<No
 impl PeerConnection {
     async fn rpc<Req, Resp, E>(
         &self,
-        method: Method,
+        method: PeerMethod,
         request: &Req,
         option: &RPCOption,
     ) -> RpcResult<Resp, E>
@@ -248,7 +457,7 @@ impl RaftNetwork<TypeConfig> for PeerConnection {
         rpc: AppendEntriesRequest<TypeConfig>,
         option: RPCOption,
     ) -> RpcResult<AppendEntriesResponse<NodeId>, openraft::error::Infallible> {
-        self.rpc(Method::AppendEntries, &rpc, &option).await
+        self.rpc(PeerMethod::AppendEntries, &rpc, &option).await
     }
 
     async fn install_snapshot(
@@ -256,7 +465,7 @@ impl RaftNetwork<TypeConfig> for PeerConnection {
         rpc: InstallSnapshotRequest<TypeConfig>,
         option: RPCOption,
     ) -> RpcResult<InstallSnapshotResponse<NodeId>, InstallSnapshotError> {
-        self.rpc(Method::InstallSnapshot, &rpc, &option).await
+        self.rpc(PeerMethod::InstallSnapshot, &rpc, &option).await
     }
 
     async fn vote(
@@ -264,6 +473,9 @@ impl RaftNetwork<TypeConfig> for PeerConnection {
         rpc: VoteRequest<NodeId>,
         option: RPCOption,
     ) -> RpcResult<VoteResponse<NodeId>, openraft::error::Infallible> {
-        self.rpc(Method::Vote, &rpc, &option).await
+        self.rpc(PeerMethod::Vote, &rpc, &option).await
     }
 }
+
+#[cfg(test)]
+mod tests;

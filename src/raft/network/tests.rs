@@ -1,0 +1,260 @@
+//! The peer transport against a stub `Peer` server on loopback: which path a call takes,
+//! that answers find their calls, and what a broken stream means for a call in flight.
+
+use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::Stream;
+use tokio::net::TcpListener;
+use tokio_stream::wrappers::{TcpListenerStream, UnboundedReceiverStream};
+use tonic::{Request, Response, Status, Streaming};
+
+use super::*;
+use crate::pb::internal::peer_server::{Peer, PeerServer};
+
+/// How the stub serves `Exchange`.
+#[derive(Clone, Copy)]
+enum Mode {
+    /// Answers every frame with its payload behind `stream:`, the later calls first.
+    Streams,
+    /// Like a build without `Exchange`: `UNIMPLEMENTED`.
+    UnaryOnly,
+    /// Takes the first frame, then breaks the stream without answering it.
+    HangUp,
+}
+
+#[derive(Clone)]
+struct Stub {
+    mode: Mode,
+    streams_opened: Arc<AtomicUsize>,
+    unary_calls: Arc<AtomicUsize>,
+}
+
+impl Stub {
+    fn unary(&self, request: Request<RaftMessage>) -> Result<Response<RaftMessage>, Status> {
+        self.unary_calls.fetch_add(1, Ordering::SeqCst);
+        let mut payload = b"unary:".to_vec();
+        payload.extend(request.into_inner().payload);
+        Ok(Response::new(RaftMessage {
+            payload,
+            ..RaftMessage::default()
+        }))
+    }
+}
+
+type Frames = Pin<Box<dyn Stream<Item = Result<PeerFrame, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl Peer for Stub {
+    async fn append_entries(
+        &self,
+        request: Request<RaftMessage>,
+    ) -> Result<Response<RaftMessage>, Status> {
+        self.unary(request)
+    }
+    async fn vote(&self, request: Request<RaftMessage>) -> Result<Response<RaftMessage>, Status> {
+        self.unary(request)
+    }
+    async fn install_snapshot(
+        &self,
+        request: Request<RaftMessage>,
+    ) -> Result<Response<RaftMessage>, Status> {
+        self.unary(request)
+    }
+    async fn propose(
+        &self,
+        request: Request<RaftMessage>,
+    ) -> Result<Response<RaftMessage>, Status> {
+        self.unary(request)
+    }
+
+    type ExchangeStream = Frames;
+
+    async fn exchange(
+        &self,
+        request: Request<Streaming<PeerFrame>>,
+    ) -> Result<Response<Frames>, Status> {
+        let mut calls = request.into_inner();
+        match self.mode {
+            Mode::UnaryOnly => Err(Status::unimplemented("no Exchange here")),
+            Mode::HangUp => {
+                self.streams_opened.fetch_add(1, Ordering::SeqCst);
+                let broken = async move {
+                    let _first = calls.message().await;
+                    Err(Status::aborted("stub hung up"))
+                };
+                Ok(Response::new(Box::pin(futures::stream::once(broken))))
+            }
+            Mode::Streams => {
+                self.streams_opened.fetch_add(1, Ordering::SeqCst);
+                let (answers, outbound) = mpsc::unbounded_channel();
+                tokio::spawn(async move {
+                    while let Ok(Some(frame)) = calls.message().await {
+                        let answers = answers.clone();
+                        tokio::spawn(async move {
+                            // Payload n waits (10 - n) ms: later calls are answered first.
+                            let n = u64::from(frame.payload.first().copied().unwrap_or(0));
+                            tokio::time::sleep(Duration::from_millis(10u64.saturating_sub(n)))
+                                .await;
+                            let mut payload = b"stream:".to_vec();
+                            payload.extend(frame.payload);
+                            let _ = answers.send(Ok(PeerFrame {
+                                call_id: frame.call_id,
+                                payload,
+                                ..PeerFrame::default()
+                            }));
+                        });
+                    }
+                });
+                Ok(Response::new(Box::pin(UnboundedReceiverStream::new(
+                    outbound,
+                ))))
+            }
+        }
+    }
+}
+
+/// Serves a stub on a free loopback port; returns it and its address.
+async fn serve(mode: Mode) -> (Stub, String) {
+    let stub = Stub {
+        mode,
+        streams_opened: Arc::default(),
+        unary_calls: Arc::default(),
+    };
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr").to_string();
+    let service = PeerServer::new(stub.clone());
+    tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(service)
+            .serve_with_incoming(TcpListenerStream::new(listener)),
+    );
+    (stub, addr)
+}
+
+fn clients() -> PeerClients {
+    PeerClients::new("test-cluster", 1, Faults::new(false))
+}
+
+const DEADLINE: Duration = Duration::from_secs(10);
+
+#[tokio::test]
+async fn concurrent_calls_share_one_stream_and_each_gets_its_own_answer() {
+    let (stub, addr) = serve(Mode::Streams).await;
+    let clients = clients();
+    let calls = (0..10u8).map(|n| {
+        let clients = clients.clone();
+        let addr = addr.clone();
+        async move {
+            let answer = clients
+                .call_raw(2, &addr, PeerMethod::Propose, vec![n, 7], DEADLINE)
+                .await
+                .expect("answered");
+            (n, answer)
+        }
+    });
+    let answers = futures::future::join_all(calls).await;
+    for (n, answer) in answers {
+        assert_eq!(answer, [b"stream:".as_slice(), &[n, 7]].concat());
+    }
+    assert_eq!(stub.streams_opened.load(Ordering::SeqCst), 1);
+    assert_eq!(stub.unary_calls.load(Ordering::SeqCst), 0);
+}
+
+#[tokio::test]
+async fn install_snapshot_stays_unary() {
+    let (stub, addr) = serve(Mode::Streams).await;
+    let answer = clients()
+        .call_raw(2, &addr, PeerMethod::InstallSnapshot, vec![1], DEADLINE)
+        .await
+        .expect("answered");
+    assert_eq!(answer, b"unary:\x01");
+    assert_eq!(stub.streams_opened.load(Ordering::SeqCst), 0);
+}
+
+#[tokio::test]
+async fn a_peer_without_exchange_is_called_unary() {
+    let (stub, addr) = serve(Mode::UnaryOnly).await;
+    let clients = clients();
+    for n in 0..3u8 {
+        let answer = clients
+            .call_raw(2, &addr, PeerMethod::AppendEntries, vec![n], DEADLINE)
+            .await
+            .expect("answered");
+        assert_eq!(answer, [b"unary:".as_slice(), &[n]].concat());
+    }
+    assert_eq!(stub.unary_calls.load(Ordering::SeqCst), 3);
+}
+
+#[tokio::test]
+async fn a_call_whose_stream_breaks_is_lost_not_undelivered_and_the_next_call_reopens() {
+    let (stub, addr) = serve(Mode::HangUp).await;
+    let clients = clients();
+    let error = clients
+        .call_raw(2, &addr, PeerMethod::Propose, vec![1], DEADLINE)
+        .await
+        .expect_err("the stub never answers");
+    assert!(
+        matches!(error, PeerError::Lost { .. }),
+        "unexpected error: {error}"
+    );
+    // The batch may have been applied: a follower must not resend it.
+    assert!(!error.surely_not_delivered());
+    let again = clients
+        .call_raw(2, &addr, PeerMethod::Propose, vec![2], DEADLINE)
+        .await
+        .expect_err("the stub never answers");
+    assert!(matches!(again, PeerError::Lost { .. }), "{again}");
+    assert_eq!(stub.streams_opened.load(Ordering::SeqCst), 2);
+}
+
+#[tokio::test]
+async fn a_peer_that_is_not_listening_is_unreachable() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr").to_string();
+    drop(listener);
+    let error = clients()
+        .call_raw(2, &addr, PeerMethod::Vote, vec![1], DEADLINE)
+        .await
+        .expect_err("nobody listens");
+    assert!(error.surely_not_delivered(), "unexpected error: {error}");
+}
+
+#[tokio::test]
+async fn an_unanswered_call_times_out_and_is_forgotten() {
+    let (_stub, addr) = serve(Mode::Streams).await;
+    let clients = clients();
+    let opened = clients
+        .call_raw(2, &addr, PeerMethod::Propose, vec![9], DEADLINE)
+        .await
+        .expect("answered");
+    assert_eq!(opened, b"stream:\x09");
+    // Payload 0 is answered after 10 ms; a 1 ms deadline passes first.
+    let error = clients
+        .call_raw(
+            2,
+            &addr,
+            PeerMethod::Propose,
+            vec![0],
+            Duration::from_millis(1),
+        )
+        .await
+        .expect_err("deadline first");
+    assert!(matches!(error, PeerError::Timeout { .. }), "{error}");
+    let slot = lock(&clients.links).get(&addr).cloned().expect("a link");
+    let Some(Link::Stream(stream)) = slot.lock().await.clone() else {
+        panic!("calls went over a stream");
+    };
+    assert!(
+        lock(&stream.waiting).calls.is_empty(),
+        "the timed-out call is forgotten"
+    );
+    // Its late answer finds nobody waiting and the stream goes on serving.
+    let answer = clients
+        .call_raw(2, &addr, PeerMethod::Propose, vec![8], DEADLINE)
+        .await
+        .expect("answered");
+    assert_eq!(answer, b"stream:\x08");
+}
