@@ -1,12 +1,13 @@
-//! The durable Raft log of one node: log entries, the vote, the last purged log id and the
-//! committed log id, all in one redb file.
+//! The durable Raft log of one node: log entries and the committed log id in a segmented
+//! write-ahead log (module `wal`, a directory beside the redb file), the vote and the last
+//! purged log id in one small redb file.
 //!
 //! It owns that file and nothing else: it never looks inside an entry's payload (entries
 //! are bytes made by [`crate::codec`]), and the state machine lives elsewhere.
 //!
 //! It must never acknowledge data that is not on disk: [`RaftLogStorage::save_vote`],
-//! `truncate` and `purge` return, and `append`'s callback fires, only after the redb
-//! commit holding the data was made with [`Durability::Immediate`] (an fsync). Raft's
+//! `truncate` and `purge` return, and `append`'s callback fires, only after the data is
+//! fsynced (the WAL's `fdatasync`, or a redb commit made with [`Durability::Immediate`]). Raft's
 //! safety rests on that: a vote or a log entry that a peer was told about must survive a
 //! crash. It must never leave a hole in the log either: appends that are not contiguous
 //! with the stored log are refused (entries at or below the purge point are dropped, they
@@ -15,8 +16,12 @@
 //! Writes go through one writer thread in order (module `writer`); `append` returns once its
 //! entries are queued and in the tail that reads are served from, and its callback fires
 //! after their fsync. Reads of older entries run in [`tokio::task::spawn_blocking`], so
-//! the async runtime is never blocked by redb.
+//! the async runtime is never blocked by file IO.
+//!
+//! Entries used to live in a redb table too (the `log` table); a store that still has rows
+//! there moves them into the WAL when it opens. docs/storage.md has the measured reasons.
 
+mod wal;
 mod writer;
 
 use std::fmt::Debug;
@@ -34,7 +39,8 @@ use serde::Serialize;
 use crate::codec::{decode, encode, CodecError};
 use crate::raft::{Entry, LogId, NodeId, StorageError, TypeConfig};
 
-/// Log index -> encoded [`Entry`].
+/// Log index -> encoded [`Entry`]: where entries lived before the WAL; emptied into it at
+/// open.
 const LOG_TABLE: TableDefinition<u64, &[u8]> = TableDefinition::new("log");
 /// Small named records: [`VOTE_KEY`], [`COMMITTED_KEY`], [`LAST_PURGED_KEY`].
 const META_TABLE: TableDefinition<&str, &[u8]> = TableDefinition::new("meta");
@@ -80,6 +86,8 @@ pub enum LogStoreError {
     Writer { source: io::Error },
     #[error("the log writer thread is gone")]
     WriterGone,
+    #[error("write-ahead log {path}: {reason}")]
+    Wal { path: PathBuf, reason: String },
 }
 
 macro_rules! from_redb {
@@ -102,11 +110,19 @@ from_redb!(
 
 type Result<T, E = LogStoreError> = std::result::Result<T, E>;
 
-/// The Raft log store of one node. Cloning is cheap (one `Arc`); clones share the database,
+/// The two files behind a log store.
+pub(super) struct Disk {
+    /// Vote, purge point (and, from older builds, entries and the committed id).
+    db: Database,
+    /// Entries and the committed id.
+    wal: wal::Wal,
+}
+
+/// The Raft log store of one node. Cloning is cheap (one `Arc`); clones share the files,
 /// which is how openraft's log readers read while the core writes.
 #[derive(Clone)]
 pub struct LogStore {
-    db: Arc<Database>,
+    disk: Arc<Disk>,
     /// Recent entries, including those not yet durable; reads look here first.
     tail: Arc<std::sync::Mutex<writer::Tail>>,
     /// Makes every change durable, in order.
@@ -123,21 +139,26 @@ impl Debug for LogStore {
 }
 
 impl LogStore {
-    /// Opens (or creates) the log store file at `path` and makes sure its tables exist, so
-    /// reads never meet a missing table.
+    /// Opens (or creates) the log store at `path` (the redb file; the WAL is the directory
+    /// beside it, `path` with the extension `wal`), replays the WAL and makes sure the redb
+    /// tables exist, so reads never meet a missing table.
     ///
-    /// Blocking (file IO, maybe a redb repair after a crash): call it at start-up, before
-    /// the node serves traffic, or from `spawn_blocking`.
+    /// Blocking (file IO, maybe a redb repair or a torn WAL append to clear after a crash):
+    /// call it at start-up, before the node serves traffic, or from `spawn_blocking`.
     ///
     /// # Errors
-    /// When the file cannot be opened or created, or is already open in another process.
+    /// When a file cannot be opened or created, the redb file is already open in another
+    /// process, or the WAL has a hole or an unreadable record before its last append.
     pub fn open(path: &Path) -> Result<LogStore, LogStoreError> {
+        Self::open_with_segment_bytes(path, wal::SEGMENT_BYTES)
+    }
+
+    fn open_with_segment_bytes(path: &Path, segment_bytes: u64) -> Result<LogStore> {
         let open_error = |source: Box<redb::Error>| LogStoreError::Open {
             path: path.to_path_buf(),
             source,
         };
-        // redb's default page cache is 1 GiB; the log is written once and read back only
-        // by replication (recent entries) and catch-up, so a small cache is enough.
+        // redb's default page cache is 1 GiB; it only holds the vote and the purge point.
         let db = Database::builder()
             .set_cache_size(LOG_CACHE_BYTES)
             .create(path)
@@ -147,24 +168,30 @@ impl LogStore {
             other => other,
         })?;
         let purged: Option<LogId> = load_meta(&db, LAST_PURGED_KEY)?;
-        let db = Arc::new(db);
-        let tail = Arc::new(std::sync::Mutex::new(writer::Tail::new(
-            purged.map(|log_id| log_id.index),
-        )));
-        let writer = writer::Writer::start(Arc::clone(&db), Arc::clone(&tail))
+        let purged_upto = purged.map(|log_id| log_id.index);
+        let replayed = wal::Wal::open(&path.with_extension("wal"), purged_upto, segment_bytes)?;
+        let disk = Disk {
+            db,
+            wal: replayed.wal,
+        };
+        let legacy_committed = move_legacy_entries(&disk)?;
+        let committed = replayed.committed.or(legacy_committed);
+        let disk = Arc::new(disk);
+        let tail = Arc::new(std::sync::Mutex::new(writer::Tail::new(purged_upto)));
+        let writer = writer::Writer::start(Arc::clone(&disk), Arc::clone(&tail))
             .map_err(|source| LogStoreError::Writer { source })?;
         Ok(LogStore {
-            db,
+            disk,
             tail,
             writer: Arc::new(writer),
-            committed: Arc::default(),
+            committed: Arc::new(std::sync::Mutex::new(committed)),
         })
     }
 
     /// Runs `work` on the writer thread, after every change queued before it.
     async fn write<F>(&self, work: F) -> Result<()>
     where
-        F: FnOnce(&Database) -> Result<()> + Send + 'static,
+        F: FnOnce(&Disk) -> Result<()> + Send + 'static,
     {
         let (done, answer) = tokio::sync::oneshot::channel();
         let job = writer::Job::Other {
@@ -230,7 +257,7 @@ impl LogStore {
             None => (Bound::Included(from), end),
         };
         let mut entries = self
-            .blocking(move |db| read_entries(db, below_tail))
+            .blocking(move |disk| read_entries(disk, below_tail))
             .await?;
         match (entries.last(), from_tail.first()) {
             (Some(last), Some(next)) => check_follows(last.log_id.index, next.log_id.index)?,
@@ -245,14 +272,14 @@ impl LogStore {
         Ok(entries)
     }
 
-    /// Runs `work` on the blocking pool: redb commits fsync and must not stall the runtime.
+    /// Runs `work` on the blocking pool: file IO must not stall the runtime.
     async fn blocking<T, F>(&self, work: F) -> Result<T>
     where
         T: Send + 'static,
-        F: FnOnce(&Database) -> Result<T> + Send + 'static,
+        F: FnOnce(&Disk) -> Result<T> + Send + 'static,
     {
-        let db = Arc::clone(&self.db);
-        tokio::task::spawn_blocking(move || work(&db)).await?
+        let disk = Arc::clone(&self.disk);
+        tokio::task::spawn_blocking(move || work(&disk)).await?
     }
 
     fn committed_slot(&self) -> std::sync::MutexGuard<'_, Option<Option<LogId>>> {
@@ -322,98 +349,75 @@ fn store_meta<T: Serialize>(
     Ok(())
 }
 
-/// Where an append may write, read inside its write transaction.
-struct AppendPoint {
-    /// The index the next stored entry must have; `None` for a store that never held an
-    /// entry, which may start anywhere (openraft starts at 0, its test suite elsewhere).
-    next_index: Option<u64>,
-    last_purged_index: Option<u64>,
-}
-
-impl AppendPoint {
-    fn read<L, M>(log: &L, meta: &M) -> Result<AppendPoint>
-    where
-        L: ReadableTable<u64, &'static [u8]>,
-        M: ReadableTable<&'static str, &'static [u8]>,
-    {
-        let last_purged: Option<LogId> = read_meta(meta, LAST_PURGED_KEY)?;
-        let last_purged_index = last_purged.map(|log_id| log_id.index);
-        let last_stored_index = log.last()?.map(|(index, _)| index.value());
-        let next_index = last_stored_index
-            .or(last_purged_index)
-            .map(|index| index + 1);
-        Ok(AppendPoint {
-            next_index,
-            last_purged_index,
-        })
-    }
-
-    /// Whether the entry at `index` is to be stored (`true`) or skipped as already purged
-    /// (`false`: it is committed and in a snapshot, so by log matching it is the entry that
-    /// was purged; openraft's storage suite does this). Anything else is a hole: refused.
-    fn admit(&mut self, index: u64) -> Result<bool> {
-        if self.last_purged_index.is_some_and(|purged| index <= purged) {
-            return Ok(false);
-        }
-        if let Some(expected_index) = self.next_index.filter(|&want| want != index) {
-            return Err(LogStoreError::AppendGap {
-                expected_index,
-                got_index: index,
-            });
-        }
-        self.next_index = Some(index + 1);
-        Ok(true)
-    }
-}
-
-/// Appends `entries` in one durable transaction, refusing any that would leave a hole.
-fn append_durably(
-    db: &Database,
-    entries: &[Entry],
-    committed: Option<Option<LogId>>,
-) -> Result<()> {
+/// Appends `entries` (and the committed id) to the WAL with one fsync, refusing any that
+/// would leave a hole; entries at or below the purge point are skipped (they are committed
+/// and in a snapshot, so by log matching they are the entries that were purged; openraft's
+/// storage suite appends such).
+fn append_durably(disk: &Disk, entries: &[Entry], committed: Option<Option<LogId>>) -> Result<()> {
     if entries.is_empty() && committed.is_none() {
         return Ok(());
     }
-    let txn = durable_write(db)?;
-    if let Some(committed) = committed {
-        let bytes = encode_as(&committed, COMMITTED_KEY)?;
-        txn.open_table(META_TABLE)?
-            .insert(COMMITTED_KEY, bytes.as_slice())?;
-    }
-    {
-        let mut log = txn.open_table(LOG_TABLE)?;
-        let mut point = AppendPoint::read(&log, &txn.open_table(META_TABLE)?)?;
-        for entry in entries {
-            if point.admit(entry.log_id.index)? {
-                let bytes = encode_as(entry, "log entry")?;
-                log.insert(entry.log_id.index, bytes.as_slice())?;
-            }
-        }
-    }
-    txn.commit()?;
-    Ok(())
+    disk.wal.append(entries, committed)
 }
 
-/// Reads the entries in `range`, checking each is filed under its own index and that they
-/// are contiguous: a hole would make openraft replicate a log that is not the leader's.
-fn read_entries(db: &Database, range: (Bound<u64>, Bound<u64>)) -> Result<Vec<Entry>> {
+/// Reads the entries in `range` from the WAL, checking they are contiguous: a hole would
+/// make openraft replicate a log that is not the leader's.
+fn read_entries(disk: &Disk, range: (Bound<u64>, Bound<u64>)) -> Result<Vec<Entry>> {
     if range_is_empty(range) {
         return Ok(Vec::new());
     }
-    let txn = db.begin_read()?;
-    let log = txn.open_table(LOG_TABLE)?;
-    let mut entries: Vec<Entry> = Vec::new();
-    for row in log.range(range)? {
-        let (key, bytes) = row?;
-        let entry: Entry = decode_as(bytes.value(), "log entry")?;
-        check_filed(key.value(), &entry)?;
-        if let Some(previous) = entries.last() {
-            check_follows(previous.log_id.index, key.value())?;
-        }
-        entries.push(entry);
+    let from = match range.0 {
+        Bound::Included(index) => index,
+        Bound::Excluded(index) => index.saturating_add(1),
+        Bound::Unbounded => 0,
+    };
+    let to = match range.1 {
+        Bound::Included(index) => Some(index.saturating_add(1)),
+        Bound::Excluded(index) => Some(index),
+        Bound::Unbounded => None,
+    };
+    let entries = disk.wal.read(from, to)?;
+    for pair in entries.windows(2) {
+        check_follows(pair[0].log_id.index, pair[1].log_id.index)?;
     }
     Ok(entries)
+}
+
+/// Moves entries an older build left in redb's `log` table into the WAL (once: the table is
+/// emptied after the WAL's fsync; if the node stopped in between, the WAL already has them
+/// and the table is just emptied). Returns the committed id stored beside them.
+fn move_legacy_entries(disk: &Disk) -> Result<Option<Option<LogId>>> {
+    let (entries, committed) = {
+        let txn = disk.db.begin_read()?;
+        let log = txn.open_table(LOG_TABLE)?;
+        let mut entries: Vec<Entry> = Vec::new();
+        for row in log.iter()? {
+            let (key, bytes) = row?;
+            let entry: Entry = decode_as(bytes.value(), "log entry")?;
+            check_filed(key.value(), &entry)?;
+            if let Some(previous) = entries.last() {
+                check_follows(previous.log_id.index, key.value())?;
+            }
+            entries.push(entry);
+        }
+        let committed: Option<Option<LogId>> =
+            read_meta(&txn.open_table(META_TABLE)?, COMMITTED_KEY)?;
+        (entries, committed)
+    };
+    let Some(last) = entries.last().map(|entry| entry.log_id) else {
+        return Ok(committed);
+    };
+    if disk.wal.last_log_id().is_none_or(|moved| moved < last) {
+        disk.wal.append(&entries, committed)?;
+        tracing::info!(
+            entries = entries.len(),
+            "moved the log from redb into the WAL"
+        );
+    }
+    let txn = durable_write(&disk.db)?;
+    txn.open_table(LOG_TABLE)?.retain(|_, _| false)?;
+    txn.commit()?;
+    Ok(committed)
 }
 
 /// redb, like `BTreeMap`, wants `start <= end`; openraft may ask for an empty range.
@@ -450,60 +454,38 @@ fn check_follows(previous_index: u64, got_index: u64) -> Result<()> {
     Ok(())
 }
 
-fn log_state(db: &Database) -> Result<LogState<TypeConfig>> {
-    let txn = db.begin_read()?;
-    let last_purged_log_id: Option<LogId> =
-        read_meta(&txn.open_table(META_TABLE)?, LAST_PURGED_KEY)?;
-    let last_stored = match txn.open_table(LOG_TABLE)?.last()? {
-        Some((_, bytes)) => Some(decode_as::<Entry>(bytes.value(), "log entry")?.log_id),
-        None => None,
-    };
+fn log_state(disk: &Disk) -> Result<LogState<TypeConfig>> {
+    let last_purged_log_id: Option<LogId> = load_meta(&disk.db, LAST_PURGED_KEY)?;
     Ok(LogState {
         last_purged_log_id,
-        last_log_id: last_stored.or(last_purged_log_id),
+        last_log_id: disk.wal.last_log_id().or(last_purged_log_id),
     })
 }
 
 /// Removes `[index, ..)` durably. Purged entries are committed, so cutting into them means
 /// the caller is confused; refuse rather than lose the purge point.
-fn truncate_durably(db: &Database, index: u64) -> Result<()> {
-    let txn = durable_write(db)?;
-    {
-        let last_purged: Option<LogId> = read_meta(&txn.open_table(META_TABLE)?, LAST_PURGED_KEY)?;
-        if let Some(last_purged) = last_purged.filter(|purged| purged.index >= index) {
-            return Err(LogStoreError::TruncatePurged {
-                index,
-                last_purged_index: last_purged.index,
-            });
-        }
-        txn.open_table(LOG_TABLE)?
-            .retain_in(index.., |_, _| false)?;
+fn truncate_durably(disk: &Disk, index: u64) -> Result<()> {
+    let last_purged: Option<LogId> = load_meta(&disk.db, LAST_PURGED_KEY)?;
+    if let Some(last_purged) = last_purged.filter(|purged| purged.index >= index) {
+        return Err(LogStoreError::TruncatePurged {
+            index,
+            last_purged_index: last_purged.index,
+        });
     }
-    txn.commit()?;
-    Ok(())
+    disk.wal.truncate(index)
 }
 
-/// Records `log_id` as purged and removes `..=log_id.index`, in one durable transaction so
-/// a crash can never show a log that starts after an older purge point. The purge point
-/// only moves forward.
-fn purge_durably(db: &Database, log_id: LogId) -> Result<()> {
-    let txn = durable_write(db)?;
-    {
-        let mut meta = txn.open_table(META_TABLE)?;
-        let last_purged: Option<LogId> = read_meta(&meta, LAST_PURGED_KEY)?;
-        if last_purged.is_some_and(|purged| purged >= log_id) {
-            tracing::debug!(%log_id, "purge point already reached");
-            return Ok(());
-        }
-        meta.insert(
-            LAST_PURGED_KEY,
-            encode_as(&log_id, LAST_PURGED_KEY)?.as_slice(),
-        )?;
-        txn.open_table(LOG_TABLE)?
-            .retain_in(..=log_id.index, |_, _| false)?;
+/// Records `log_id` as purged (durably, first: a crash can never show a log that starts
+/// after an older purge point), then lets the WAL drop what it no longer needs. The purge
+/// point only moves forward.
+fn purge_durably(disk: &Disk, log_id: LogId) -> Result<()> {
+    let last_purged: Option<LogId> = load_meta(&disk.db, LAST_PURGED_KEY)?;
+    if last_purged.is_some_and(|purged| purged >= log_id) {
+        tracing::debug!(%log_id, "purge point already reached");
+        return Ok(());
     }
-    txn.commit()?;
-    Ok(())
+    store_meta(&disk.db, LAST_PURGED_KEY, &log_id, Durability::Immediate)?;
+    disk.wal.purge(log_id.index)
 }
 
 fn write_logs_error(error: LogStoreError) -> StorageError {
@@ -543,13 +525,13 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     /// Durable before it returns: a node must never vote twice in a term, even across a crash.
     async fn save_vote(&mut self, vote: &Vote<NodeId>) -> Result<(), StorageError> {
         let vote = *vote;
-        self.write(move |db| store_meta(db, VOTE_KEY, &vote, Durability::Immediate))
+        self.write(move |disk| store_meta(&disk.db, VOTE_KEY, &vote, Durability::Immediate))
             .await
             .map_err(|e| StorageIOError::write_vote(&e).into())
     }
 
     async fn read_vote(&mut self) -> Result<Option<Vote<NodeId>>, StorageError> {
-        self.blocking(|db| load_meta(db, VOTE_KEY))
+        self.blocking(|disk| load_meta(&disk.db, VOTE_KEY))
             .await
             .map_err(|e| StorageIOError::read_vote(&e).into())
     }
@@ -564,14 +546,8 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn read_committed(&mut self) -> Result<Option<LogId>, StorageError> {
-        if let Some(committed) = *self.committed_slot() {
-            return Ok(committed);
-        }
-        let stored: Option<Option<LogId>> = self
-            .blocking(|db| load_meta(db, COMMITTED_KEY))
-            .await
-            .map_err(|e| StorageIOError::read(&e))?;
-        Ok(stored.flatten())
+        // Holds what the WAL (or an older build's redb) recorded until a newer one is saved.
+        Ok(self.committed_slot().flatten())
     }
 
     /// Returns once the entries are readable (in the tail) and queued; `callback` fires after
@@ -593,14 +569,14 @@ impl RaftLogStorage<TypeConfig> for LogStore {
 
     async fn truncate(&mut self, log_id: LogId) -> Result<(), StorageError> {
         writer::lock(&self.tail).truncate(log_id.index);
-        self.write(move |db| truncate_durably(db, log_id.index))
+        self.write(move |disk| truncate_durably(disk, log_id.index))
             .await
             .map_err(write_logs_error)
     }
 
     async fn purge(&mut self, log_id: LogId) -> Result<(), StorageError> {
         writer::lock(&self.tail).purge(log_id.index);
-        self.write(move |db| purge_durably(db, log_id))
+        self.write(move |disk| purge_durably(disk, log_id))
             .await
             .map_err(write_logs_error)
     }
@@ -837,7 +813,18 @@ mod tests {
             .expect("append after purge point");
     }
 
-    /// At the moment the callback fires, a byte copy of the file (what a crash right then
+    /// Copies the store at `path` (the redb file and the WAL directory) to `copy`.
+    fn copy_store(path: &Path, copy: &Path) {
+        std::fs::copy(path, copy).expect("copy redb");
+        let wal_copy = copy.with_extension("wal");
+        std::fs::create_dir_all(&wal_copy).expect("wal dir");
+        for item in std::fs::read_dir(path.with_extension("wal")).expect("list") {
+            let item = item.expect("item");
+            std::fs::copy(item.path(), wal_copy.join(item.file_name())).expect("copy segment");
+        }
+    }
+
+    /// At the moment the callback fires, a byte copy of the files (what a crash right then
     /// would leave) already opens with the entries in it.
     #[tokio::test]
     async fn append_notifies_only_after_entries_survive_a_reopen() {
@@ -852,10 +839,10 @@ mod tests {
                 entries.clone(),
                 Box::new(move |result| {
                     result.expect("append result");
-                    std::fs::copy(&source, &copy_path).expect("copy");
+                    copy_store(&source, &copy_path);
                     let copy = LogStore::open(&copy_path).expect("open copy");
                     let all = (Bound::Unbounded, Bound::Unbounded);
-                    let _ = seen.send(read_entries(&copy.db, all).expect("read copy"));
+                    let _ = seen.send(read_entries(&copy.disk, all).expect("read copy"));
                 }),
             )
             .expect("append");
@@ -897,44 +884,183 @@ mod tests {
         assert!(store.truncate(log_id(1, 7)).await.is_err());
     }
 
-    /// A hole or a misfiled entry in the file (corruption, a bug elsewhere) is reported on
-    /// read, never handed to openraft. (Each raw write is followed by a reopen: a running
-    /// store serves its recent entries from the tail, the file is read after a restart.)
+    /// A store an older build left with its entries in redb opens with them in the WAL
+    /// (and the committed id), and a hole there is refused, never handed to openraft.
     #[tokio::test]
-    async fn read_reports_holes_and_misfiled_entries() {
+    async fn entries_left_in_redb_by_an_older_build_move_into_the_wal() {
         let (_dir, path) = scratch();
-        let mut store = LogStore::open(&path).expect("open");
-        store
-            .blocking_append(vec![request_entry(1, 0)])
-            .await
-            .expect("append");
-        write_raw(&store, 2, &request_entry(1, 2));
-        drop(store);
+        let entries: Vec<Entry> = (0..4).map(|index| request_entry(1, index)).collect();
+        {
+            let store = LogStore::open(&path).expect("open");
+            for entry in &entries {
+                write_legacy(&store, entry.log_id.index, entry);
+            }
+            let committed = Some(log_id(1, 2));
+            store_meta(
+                &store.disk.db,
+                COMMITTED_KEY,
+                &committed,
+                Durability::Immediate,
+            )
+            .expect("committed");
+        }
         let mut store = LogStore::open(&path).expect("reopen");
-        assert!(store.try_get_log_entries(..).await.is_err());
+        assert_eq!(store.try_get_log_entries(..).await.expect("read"), entries);
         assert_eq!(
-            store
-                .try_get_log_entries(2..)
-                .await
-                .expect("one entry")
-                .len(),
-            1
+            store.read_committed().await.expect("committed"),
+            Some(log_id(1, 2))
         );
-
-        write_raw(&store, 1, &request_entry(1, 9));
+        let left = store.disk.db.begin_read().expect("txn");
+        let table = left.open_table(LOG_TABLE).expect("table");
+        assert_eq!(redb::ReadableTableMetadata::len(&table).expect("len"), 0);
+        drop(table);
+        drop(left);
+        store
+            .blocking_append(vec![request_entry(1, 4)])
+            .await
+            .expect("append after the moved entries");
         drop(store);
-        let mut store = LogStore::open(&path).expect("reopen");
-        assert!(store.try_get_log_entries(1..2).await.is_err());
+        let mut store = LogStore::open(&path).expect("reopen again");
+        assert_eq!(store.try_get_log_entries(..).await.expect("read").len(), 5);
+
+        write_legacy(&store, 9, &request_entry(1, 9));
+        write_legacy(&store, 11, &request_entry(1, 11));
+        drop(store);
+        assert!(LogStore::open(&path).is_err(), "a hole in the old table");
     }
 
-    fn write_raw(store: &LogStore, index: u64, entry: &Entry) {
-        let txn = store.db.begin_write().expect("txn");
+    fn write_legacy(store: &LogStore, index: u64, entry: &Entry) {
+        let txn = store.disk.db.begin_write().expect("txn");
         let bytes = encode(entry).expect("encode");
         txn.open_table(LOG_TABLE)
             .expect("table")
             .insert(index, bytes.as_slice())
             .expect("insert");
         txn.commit().expect("commit");
+    }
+
+    /// Small segments: appends roll over, reads cross segments, purge drops whole segments,
+    /// truncation cuts inside one and drops the later ones, and all of it survives a reopen.
+    #[tokio::test]
+    async fn segments_roll_purge_and_truncate_across_reopens() {
+        let (dir, path) = scratch();
+        let wal_dir = path.with_extension("wal");
+        let segments = || std::fs::read_dir(&wal_dir).expect("list").count();
+        let entries: Vec<Entry> = (0..40).map(|index| request_entry(1, index)).collect();
+        {
+            let mut store = LogStore::open_with_segment_bytes(&path, 256).expect("open");
+            for chunk in entries.chunks(3) {
+                store.blocking_append(chunk.to_vec()).await.expect("append");
+            }
+            assert!(
+                segments() > 3,
+                "appends rolled over: {} segments",
+                segments()
+            );
+            assert_eq!(store.try_get_log_entries(..).await.expect("read"), entries);
+            assert_eq!(
+                store.try_get_log_entries(5..33).await.expect("read"),
+                entries[5..33]
+            );
+        }
+        let before_purge = segments();
+        {
+            let mut store = LogStore::open_with_segment_bytes(&path, 256).expect("reopen");
+            assert_eq!(store.try_get_log_entries(..).await.expect("read"), entries);
+            store.purge(log_id(1, 20)).await.expect("purge");
+            assert!(segments() < before_purge, "purge dropped whole segments");
+            store.truncate(log_id(1, 30)).await.expect("truncate");
+            let replaced: Vec<Entry> = (30..35).map(|index| request_entry(2, index)).collect();
+            store
+                .blocking_append(replaced)
+                .await
+                .expect("append after truncate");
+        }
+        let mut store = LogStore::open_with_segment_bytes(&path, 256).expect("reopen");
+        let mut expected = entries[21..30].to_vec();
+        expected.extend((30..35).map(|index| request_entry(2, index)));
+        assert_eq!(store.try_get_log_entries(..).await.expect("read"), expected);
+        let state = store.get_log_state().await.expect("state");
+        assert_eq!(state.last_purged_log_id, Some(log_id(1, 20)));
+        assert_eq!(state.last_log_id, Some(log_id(2, 34)));
+        drop(dir);
+    }
+
+    /// A crash in the middle of an append leaves a torn record at the end of the last
+    /// segment: the store opens with everything before it, clears the rest, and appends
+    /// continue from there. The same damage anywhere but the last segment refuses to open.
+    #[tokio::test]
+    async fn a_torn_last_append_is_cut_and_damage_elsewhere_refuses_to_open() {
+        let (_dir, path) = scratch();
+        let wal_dir = path.with_extension("wal");
+        let entries: Vec<Entry> = (0..6).map(|index| request_entry(1, index)).collect();
+        {
+            let mut store = LogStore::open(&path).expect("open");
+            store
+                .blocking_append(entries[..4].to_vec())
+                .await
+                .expect("append");
+            store
+                .blocking_append(entries[4..].to_vec())
+                .await
+                .expect("append");
+        }
+        let segment = wal_dir.join(format!("{:020}.wal", 0));
+        let bytes = std::fs::read(&segment).expect("read");
+        let used = bytes.iter().rposition(|byte| *byte != 0).expect("records") + 1;
+        // Flip a byte inside the last record: its checksum fails, as after a torn write.
+        let mut torn = bytes.clone();
+        torn[used - 3] ^= 0xff;
+        std::fs::write(&segment, &torn).expect("tear");
+        {
+            let mut store = LogStore::open(&path).expect("open after the tear");
+            assert_eq!(
+                store.try_get_log_entries(..).await.expect("read"),
+                entries[..5],
+                "everything before the torn record"
+            );
+            store
+                .blocking_append(vec![request_entry(2, 5)])
+                .await
+                .expect("append");
+        }
+        let mut store = LogStore::open(&path).expect("reopen");
+        let mut expected = entries[..5].to_vec();
+        expected.push(request_entry(2, 5));
+        assert_eq!(store.try_get_log_entries(..).await.expect("read"), expected);
+        drop(store);
+
+        // The same damage in a segment that is not the last one.
+        let mut damaged = std::fs::read(&segment).expect("read");
+        damaged[20] ^= 0xff;
+        std::fs::write(&segment, &damaged).expect("damage");
+        std::fs::write(wal_dir.join(format!("{:020}.wal", 6)), vec![0u8; 64]).expect("later");
+        assert!(LogStore::open(&path).is_err(), "a hole must not be served");
+    }
+
+    /// A record whose checksum holds but whose entry does not continue the log is no torn
+    /// write: the store refuses to open instead of cutting the log there.
+    #[tokio::test]
+    async fn a_sound_record_out_of_order_refuses_to_open() {
+        let (_dir, path) = scratch();
+        {
+            let mut store = LogStore::open(&path).expect("open");
+            let entries: Vec<Entry> = (0..3).map(|index| request_entry(1, index)).collect();
+            store.blocking_append(entries).await.expect("append");
+        }
+        let segment = path.with_extension("wal").join(format!("{:020}.wal", 0));
+        let mut bytes = std::fs::read(&segment).expect("read");
+        let used = bytes.iter().rposition(|byte| *byte != 0).expect("records") + 1;
+        let mut record = Vec::new();
+        let misplaced = encode(&request_entry(1, 7)).expect("encode");
+        wal::push_record(&mut record, wal::KIND_ENTRY, &misplaced);
+        bytes[used..used + record.len()].copy_from_slice(&record);
+        std::fs::write(&segment, &bytes).expect("write");
+        let refused = LogStore::open(&path).expect_err("entry 7 after entry 2");
+        assert!(
+            refused.to_string().contains("entry 7 where 3 belongs"),
+            "{refused}"
+        );
     }
 
     #[tokio::test]

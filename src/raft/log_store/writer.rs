@@ -21,9 +21,7 @@ use std::sync::mpsc;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 
-use redb::Database;
-
-use super::{append_durably, LogStoreError, Result};
+use super::{append_durably, Disk, LogStoreError, Result};
 use crate::raft::{Entry, LogId};
 
 /// Durable entries kept in the tail beyond those still being written (for replication of
@@ -148,7 +146,7 @@ impl Tail {
 }
 
 /// A durable change made on the writer thread.
-pub(super) type Work = Box<dyn FnOnce(&Database) -> Result<()> + Send>;
+pub(super) type Work = Box<dyn FnOnce(&Disk) -> Result<()> + Send>;
 /// Told the outcome once an append is durable (or failed).
 pub(super) type OnDurable = Box<dyn FnOnce(io::Result<()>) + Send>;
 
@@ -175,7 +173,7 @@ pub(super) struct Writer {
 }
 
 impl Writer {
-    pub(super) fn start(db: Arc<Database>, tail: Arc<Mutex<Tail>>) -> io::Result<Self> {
+    pub(super) fn start(db: Arc<Disk>, tail: Arc<Mutex<Tail>>) -> io::Result<Self> {
         let (jobs, queue) = mpsc::channel();
         let thread = std::thread::Builder::new()
             .name("raft-log-writer".to_owned())
@@ -214,7 +212,7 @@ pub(super) fn lock(tail: &Mutex<Tail>) -> MutexGuard<'_, Tail> {
         .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
-fn write_loop(db: &Database, tail: &Mutex<Tail>, queue: &mpsc::Receiver<Job>) {
+fn write_loop(db: &Disk, tail: &Mutex<Tail>, queue: &mpsc::Receiver<Job>) {
     let mut next = queue.recv().ok();
     while let Some(job) = next.take() {
         match job {

@@ -1,0 +1,524 @@
+//! The Raft log's entries: an append-only, segmented write-ahead log.
+//!
+//! A segment is one file, `<first index, 20 digits>.wal`, created full of zeros (written,
+//! fsynced, then renamed into place) so that appending to it is a `pwrite` and an
+//! `fdatasync` that has no file size or block allocation to record: one device flush, no
+//! metadata write. A record is `[body length: u32 LE][CRC-32 of body: u32 LE][body]`; the
+//! body is a kind byte and the encoded value: an entry, or the committed log id. A zero
+//! length ends a segment's records.
+//!
+//! Replay at open reads every segment from the start and keeps records while their length
+//! fits the file and their checksum holds. In the last segment the first record that fails
+//! is where a crash tore an append (never acknowledged: the callback fires after the
+//! fsync), so everything from there on is zeroed; anywhere else a failing record is
+//! corruption. A record that checks but does not fit the log (an entry out of index order,
+//! a term that goes down, an unknown kind) is corruption wherever it is. On corruption the
+//! log refuses to open rather than serve a log with a hole.
+//!
+//! Only the writer thread changes the log; readers take the lock, read durable records and
+//! let go. Truncation zeroes the cut records (and removes whole segments after them) before
+//! it returns; purge removes segments whose entries are all at or below the purge point
+//! (which the caller has already made durable).
+
+use std::collections::BTreeMap;
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Write};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use super::{decode_as, encode_as, LogStoreError, Result};
+use crate::raft::{Entry, LogId};
+
+/// Size a segment is created with (zeros); a segment rolls over once its records reach it.
+pub(super) const SEGMENT_BYTES: u64 = 16 * 1024 * 1024;
+const HEADER_BYTES: u64 = 8;
+pub(super) const KIND_ENTRY: u8 = 0;
+const KIND_COMMITTED: u8 = 1;
+const SUFFIX: &str = ".wal";
+static ZEROS: [u8; 64 * 1024] = [0; 64 * 1024];
+
+/// Where one entry's record lies in its segment.
+#[derive(Clone, Copy)]
+struct Span {
+    offset: u64,
+    len: u64,
+    log_id: LogId,
+}
+
+struct Segment {
+    first_index: u64,
+    path: PathBuf,
+    file: Arc<File>,
+    /// Where the next record goes (everything after it is zeros).
+    end: u64,
+    /// One span per entry, `first_index` onwards, consecutive.
+    spans: Vec<Span>,
+}
+
+impl Segment {
+    fn last_log_id(&self) -> Option<LogId> {
+        self.spans.last().map(|span| span.log_id)
+    }
+}
+
+struct State {
+    /// By first index; the last one is the one appended to.
+    segments: BTreeMap<u64, Segment>,
+    /// Entries at or below this index are in a snapshot: never appended, never kept.
+    purged_upto: Option<u64>,
+}
+
+/// The segmented log of one node.
+pub(super) struct Wal {
+    dir: PathBuf,
+    segment_bytes: u64,
+    state: Mutex<State>,
+}
+
+/// What replay found besides the entries.
+pub(super) struct Replayed {
+    pub wal: Wal,
+    /// The newest committed id recorded, if any.
+    pub committed: Option<Option<LogId>>,
+}
+
+fn io_error(path: &Path, what: &str, source: io::Error) -> LogStoreError {
+    LogStoreError::Wal {
+        path: path.to_path_buf(),
+        reason: format!("{what}: {source}"),
+    }
+}
+
+fn corrupt(path: &Path, reason: String) -> LogStoreError {
+    LogStoreError::Wal {
+        path: path.to_path_buf(),
+        reason,
+    }
+}
+
+fn segment_name(first_index: u64) -> String {
+    format!("{first_index:020}{SUFFIX}")
+}
+
+fn sync_dir(dir: &Path) -> Result<()> {
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| io_error(dir, "fsync directory", e))
+}
+
+/// Writes zeros over `[from, to)` of `file`.
+fn zero(file: &File, path: &Path, from: u64, to: u64) -> Result<()> {
+    let mut at = from;
+    while at < to {
+        let n = (to - at).min(ZEROS.len() as u64);
+        file.write_all_at(&ZEROS[..n as usize], at)
+            .map_err(|e| io_error(path, "zero", e))?;
+        at += n;
+    }
+    Ok(())
+}
+
+/// Appends one record (header and body) to `buf`.
+pub(super) fn push_record(buf: &mut Vec<u8>, kind: u8, payload: &[u8]) {
+    let body_len = u32::try_from(payload.len() + 1).unwrap_or(u32::MAX);
+    let mut hasher = crc32fast::Hasher::new();
+    hasher.update(&[kind]);
+    hasher.update(payload);
+    buf.extend_from_slice(&body_len.to_le_bytes());
+    buf.extend_from_slice(&hasher.finalize().to_le_bytes());
+    buf.push(kind);
+    buf.extend_from_slice(payload);
+}
+
+/// One record read back: its kind and payload, and where the next one starts.
+fn read_record(bytes: &[u8], at: usize) -> Option<(u8, &[u8], usize)> {
+    let header = bytes.get(at..at + HEADER_BYTES as usize)?;
+    let body_len = u32::from_le_bytes([header[0], header[1], header[2], header[3]]) as usize;
+    let crc = u32::from_le_bytes([header[4], header[5], header[6], header[7]]);
+    if body_len == 0 {
+        return None;
+    }
+    let start = at + HEADER_BYTES as usize;
+    let body = bytes.get(start..start + body_len)?;
+    if crc32fast::hash(body) != crc {
+        return None;
+    }
+    Some((body[0], &body[1..], start + body_len))
+}
+
+impl Wal {
+    /// Opens (or creates) the log in `dir`, replays it and drops segments wholly at or below
+    /// `purged_upto`.
+    pub(super) fn open(
+        dir: &Path,
+        purged_upto: Option<u64>,
+        segment_bytes: u64,
+    ) -> Result<Replayed> {
+        fs::create_dir_all(dir).map_err(|e| io_error(dir, "create directory", e))?;
+        let mut firsts = Vec::new();
+        for item in fs::read_dir(dir).map_err(|e| io_error(dir, "list", e))? {
+            let item = item.map_err(|e| io_error(dir, "list", e))?;
+            let name = item.file_name().to_string_lossy().into_owned();
+            if name.ends_with(".tmp") {
+                // A segment that was being created when the node stopped.
+                fs::remove_file(item.path()).map_err(|e| io_error(&item.path(), "remove", e))?;
+            } else if let Some(first) = name
+                .strip_suffix(SUFFIX)
+                .and_then(|digits| digits.parse::<u64>().ok())
+            {
+                firsts.push(first);
+            }
+        }
+        firsts.sort_unstable();
+        let mut segments = BTreeMap::new();
+        let mut committed = None;
+        let count = firsts.len();
+        for (position, first_index) in firsts.into_iter().enumerate() {
+            let is_last = position + 1 == count;
+            let path = dir.join(segment_name(first_index));
+            let (segment, seen_committed) = replay_segment(&path, first_index, is_last)?;
+            committed = seen_committed.or(committed);
+            segments.insert(first_index, segment);
+        }
+        let wal = Wal {
+            dir: dir.to_path_buf(),
+            segment_bytes,
+            state: Mutex::new(State {
+                segments,
+                purged_upto,
+            }),
+        };
+        {
+            let mut state = wal.lock();
+            wal.drop_segments(&mut state, |segment| {
+                segment.spans.is_empty()
+                    || purged_upto
+                        .is_some_and(|p| segment.first_index + segment.spans.len() as u64 <= p + 1)
+            })?;
+            check_contiguous(dir, &state)?;
+            if let (Some(purged), Some(first)) = (purged_upto, state.segments.keys().next()) {
+                if *first > purged + 1 {
+                    return Err(corrupt(
+                        dir,
+                        format!("log starts at {first}, after the purge point {purged}: a hole"),
+                    ));
+                }
+            }
+        }
+        Ok(Replayed { wal, committed })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // Changed only by the writer thread, a step at a time; a panic elsewhere cannot
+        // leave it half-changed.
+        self.state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    pub(super) fn last_log_id(&self) -> Option<LogId> {
+        self.lock()
+            .segments
+            .values()
+            .next_back()
+            .and_then(Segment::last_log_id)
+    }
+
+    /// Appends the entries past the purge point (they must continue the log: a hole is
+    /// refused) and the committed id, with one write and one fsync.
+    pub(super) fn append(&self, entries: &[Entry], committed: Option<Option<LogId>>) -> Result<()> {
+        let (admitted, target) = {
+            let state = self.lock();
+            let purged = state.purged_upto;
+            let admitted: Vec<&Entry> = entries
+                .iter()
+                .filter(|entry| purged.is_none_or(|p| entry.log_id.index > p))
+                .collect();
+            let last = state.segments.values().next_back();
+            let mut next = last
+                .and_then(Segment::last_log_id)
+                .map(|log_id| log_id.index + 1)
+                .or(purged.map(|p| p + 1));
+            for entry in &admitted {
+                if let Some(expected_index) = next.filter(|want| *want != entry.log_id.index) {
+                    return Err(LogStoreError::AppendGap {
+                        expected_index,
+                        got_index: entry.log_id.index,
+                    });
+                }
+                next = Some(entry.log_id.index + 1);
+            }
+            let target = last.map(|segment| (segment.first_index, segment.end));
+            (admitted, target)
+        };
+        let mut buf = Vec::new();
+        let mut spans = Vec::with_capacity(admitted.len());
+        for entry in &admitted {
+            let offset = buf.len() as u64;
+            push_record(&mut buf, KIND_ENTRY, &encode_as(*entry, "log entry")?);
+            spans.push(Span {
+                offset,
+                len: buf.len() as u64 - offset,
+                log_id: entry.log_id,
+            });
+        }
+        if let Some(committed) = committed {
+            push_record(
+                &mut buf,
+                KIND_COMMITTED,
+                &encode_as(&committed, "committed")?,
+            );
+        }
+        let first_new = admitted.first().map(|entry| entry.log_id.index);
+        let (first_index, end) = match (target, first_new) {
+            // A segment is full once a write would pass its size; a write with no entry
+            // (only the committed id) still goes in, past the size if need be.
+            (Some((first_index, end)), None) => (first_index, end),
+            (Some((first_index, end)), Some(_)) if end + buf.len() as u64 <= self.segment_bytes => {
+                (first_index, end)
+            }
+            (_, Some(first_new)) => (self.create_segment(first_new)?, 0),
+            // Nothing to write into and no entry to start a segment with: the committed
+            // id is only a hint, the next append carries a newer one.
+            (None, None) => return Ok(()),
+        };
+        let (file, path) = {
+            let state = self.lock();
+            let segment = &state.segments[&first_index];
+            (Arc::clone(&segment.file), segment.path.clone())
+        };
+        file.write_all_at(&buf, end)
+            .map_err(|e| io_error(&path, "write", e))?;
+        file.sync_data().map_err(|e| io_error(&path, "fsync", e))?;
+        let mut state = self.lock();
+        if let Some(segment) = state.segments.get_mut(&first_index) {
+            segment.spans.extend(spans.into_iter().map(|span| Span {
+                offset: span.offset + end,
+                ..span
+            }));
+            segment.end = end + buf.len() as u64;
+        }
+        Ok(())
+    }
+
+    /// Creates the segment whose first entry will be `first_index`: zeros, fsynced, renamed
+    /// into place and the directory fsynced, so it is whole before any record counts on it.
+    fn create_segment(&self, first_index: u64) -> Result<u64> {
+        let path = self.dir.join(segment_name(first_index));
+        let staging = self.dir.join(format!("{}.tmp", segment_name(first_index)));
+        let mut file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&staging)
+            .map_err(|e| io_error(&staging, "create", e))?;
+        let mut left = self.segment_bytes;
+        while left > 0 {
+            let n = left.min(ZEROS.len() as u64);
+            file.write_all(&ZEROS[..n as usize])
+                .map_err(|e| io_error(&staging, "zero", e))?;
+            left -= n;
+        }
+        file.sync_all()
+            .map_err(|e| io_error(&staging, "fsync", e))?;
+        fs::rename(&staging, &path).map_err(|e| io_error(&path, "rename", e))?;
+        sync_dir(&self.dir)?;
+        self.lock().segments.insert(
+            first_index,
+            Segment {
+                first_index,
+                path,
+                file: Arc::new(file),
+                end: 0,
+                spans: Vec::new(),
+            },
+        );
+        Ok(first_index)
+    }
+
+    /// The entries with indexes in `[from, to)` that the log holds (purged ones are gone;
+    /// the caller checks the result has no hole).
+    pub(super) fn read(&self, from: u64, to: Option<u64>) -> Result<Vec<Entry>> {
+        let state = self.lock();
+        let from = match state.purged_upto {
+            Some(purged) => from.max(purged.saturating_add(1)),
+            None => from,
+        };
+        let mut entries = Vec::new();
+        for segment in state.segments.values() {
+            let seg_end = segment.first_index + segment.spans.len() as u64;
+            let lo = from.max(segment.first_index);
+            let hi = to.map_or(seg_end, |to| to.min(seg_end));
+            if lo >= hi {
+                continue;
+            }
+            let spans = &segment.spans
+                [(lo - segment.first_index) as usize..(hi - segment.first_index) as usize];
+            let (Some(first), Some(last)) = (spans.first(), spans.last()) else {
+                continue;
+            };
+            let mut bytes = vec![0; (last.offset + last.len - first.offset) as usize];
+            segment
+                .file
+                .read_exact_at(&mut bytes, first.offset)
+                .map_err(|e| io_error(&segment.path, "read", e))?;
+            for span in spans {
+                let at = (span.offset - first.offset) as usize;
+                let Some((KIND_ENTRY, payload, _)) = read_record(&bytes, at) else {
+                    return Err(corrupt(
+                        &segment.path,
+                        format!("record of entry {} does not check", span.log_id.index),
+                    ));
+                };
+                let entry: Entry = decode_as(payload, "log entry")?;
+                if entry.log_id != span.log_id {
+                    return Err(LogStoreError::MisfiledEntry {
+                        key_index: span.log_id.index,
+                        entry_index: entry.log_id.index,
+                    });
+                }
+                entries.push(entry);
+            }
+        }
+        Ok(entries)
+    }
+
+    /// Removes `[index, ..)` durably: later segments are deleted, the cut part of the
+    /// segment holding `index` is zeroed and fsynced.
+    pub(super) fn truncate(&self, index: u64) -> Result<()> {
+        let mut state = self.lock();
+        self.drop_segments(&mut state, |segment| segment.first_index >= index)?;
+        if let Some(segment) = state.segments.values_mut().next_back() {
+            let keep = index.saturating_sub(segment.first_index);
+            if let Some(cut) = usize::try_from(keep)
+                .ok()
+                .and_then(|keep| segment.spans.get(keep).copied())
+            {
+                zero(&segment.file, &segment.path, cut.offset, segment.end)?;
+                segment
+                    .file
+                    .sync_data()
+                    .map_err(|e| io_error(&segment.path, "fsync", e))?;
+                segment.end = cut.offset;
+                segment.spans.truncate(keep as usize);
+            }
+        }
+        Ok(())
+    }
+
+    /// Forgets entries up to `index` (already durable as the purge point in the meta
+    /// table): segments whose entries are all at or below it are deleted.
+    pub(super) fn purge(&self, index: u64) -> Result<()> {
+        let mut state = self.lock();
+        state.purged_upto = state.purged_upto.max(Some(index));
+        self.drop_segments(&mut state, |segment| {
+            segment.first_index + segment.spans.len() as u64 <= index + 1
+        })
+    }
+
+    /// Deletes every segment `doomed` picks, then fsyncs the directory.
+    fn drop_segments(&self, state: &mut State, doomed: impl Fn(&Segment) -> bool) -> Result<()> {
+        let firsts: Vec<u64> = state
+            .segments
+            .values()
+            .filter(|segment| doomed(segment))
+            .map(|segment| segment.first_index)
+            .collect();
+        if firsts.is_empty() {
+            return Ok(());
+        }
+        for first in firsts {
+            if let Some(segment) = state.segments.remove(&first) {
+                fs::remove_file(&segment.path).map_err(|e| io_error(&segment.path, "remove", e))?;
+            }
+        }
+        sync_dir(&self.dir)
+    }
+}
+
+/// Replays one segment: its entries (checked) and the newest committed id in it. In the
+/// last segment a failing record ends the log and what follows is zeroed; elsewhere only
+/// zeros may follow the records.
+fn replay_segment(
+    path: &Path,
+    first_index: u64,
+    is_last: bool,
+) -> Result<(Segment, Option<Option<LogId>>)> {
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path)
+        .map_err(|e| io_error(path, "open", e))?;
+    let bytes = fs::read(path).map_err(|e| io_error(path, "read", e))?;
+    let mut spans: Vec<Span> = Vec::new();
+    let mut committed = None;
+    let mut at = 0;
+    // A record whose length or checksum fails is where the log ends (torn or zeros); one
+    // that checks but does not fit the log is damage no crash makes: refuse it.
+    let misfit = |at: usize, what: String| corrupt(path, format!("record at byte {at}: {what}"));
+    while let Some((kind, payload, next)) = read_record(&bytes, at) {
+        match kind {
+            KIND_ENTRY => {
+                let entry: Entry = decode_as(payload, "log entry")?;
+                let expected = first_index + spans.len() as u64;
+                if entry.log_id.index != expected {
+                    let got = entry.log_id.index;
+                    return Err(misfit(at, format!("entry {got} where {expected} belongs")));
+                }
+                if let Some(last) = spans.last() {
+                    if last.log_id.leader_id > entry.log_id.leader_id {
+                        return Err(misfit(at, format!("entry {expected}'s term goes down")));
+                    }
+                }
+                spans.push(Span {
+                    offset: at as u64,
+                    len: (next - at) as u64,
+                    log_id: entry.log_id,
+                });
+            }
+            KIND_COMMITTED => committed = Some(decode_as::<Option<LogId>>(payload, "committed")?),
+            other => return Err(misfit(at, format!("unknown kind {other}"))),
+        }
+        at = next;
+    }
+    let rest_is_zero = bytes[at..].iter().all(|byte| *byte == 0);
+    if !rest_is_zero {
+        if !is_last {
+            return Err(corrupt(
+                path,
+                format!("unreadable record at byte {at} of a segment that is not the last"),
+            ));
+        }
+        tracing::warn!(path = %path.display(), at, "log ends in a torn append; zeroing it");
+        zero(&file, path, at as u64, bytes.len() as u64)?;
+        file.sync_data().map_err(|e| io_error(path, "fsync", e))?;
+    }
+    let segment = Segment {
+        first_index,
+        path: path.to_path_buf(),
+        file: Arc::new(file),
+        end: at as u64,
+        spans,
+    };
+    Ok((segment, committed))
+}
+
+/// Each segment must start right after the one before it ends.
+fn check_contiguous(dir: &Path, state: &State) -> Result<()> {
+    let mut expected: Option<u64> = None;
+    for segment in state.segments.values() {
+        if let Some(expected) = expected.filter(|want| *want != segment.first_index) {
+            return Err(corrupt(
+                dir,
+                format!(
+                    "segment starting at {} follows one ending before {expected}: a hole",
+                    segment.first_index
+                ),
+            ));
+        }
+        expected = Some(segment.first_index + segment.spans.len() as u64);
+    }
+    Ok(())
+}
