@@ -119,6 +119,12 @@ pub async fn dev(data_root: &Path) -> anyhow::Result<()> {
     std::fs::create_dir_all(data_root)
         .with_context(|| format!("creating {}", data_root.display()))?;
     let exe = std::env::current_exe()?;
+    // Three nodes share this machine: each gets a third of the cores for its runtime
+    // (unless TOKIO_WORKER_THREADS says otherwise), as each would have its own host's.
+    let worker_threads = std::env::var("TOKIO_WORKER_THREADS").unwrap_or_else(|_| {
+        let cores = std::thread::available_parallelism().map_or(1, usize::from);
+        (cores / LOCAL_3.len()).max(1).to_string()
+    });
     let mut children = Children(Vec::new());
     let mut api_addrs = Vec::new();
     for (n, template) in LOCAL_3.iter().enumerate() {
@@ -127,6 +133,7 @@ pub async fn dev(data_root: &Path) -> anyhow::Result<()> {
         let child = Command::new(&exe)
             .args(["serve", "--config"])
             .arg(&path)
+            .env("TOKIO_WORKER_THREADS", &worker_threads)
             .stdout(Stdio::from(log.try_clone()?))
             .stderr(Stdio::from(log))
             .spawn()
