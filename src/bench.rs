@@ -76,6 +76,17 @@ pub struct BenchSummary {
     pub p99_us: u64,
     pub p999_us: u64,
     pub max_us: u64,
+    /// When the slowest hit started (seconds into the run) and the node it went to: a
+    /// stall at the start (connections, first streams) reads differently from one mid-run.
+    pub slowest_at_s: f64,
+    pub slowest_node: String,
+}
+
+/// One caller's results.
+struct CallerResult {
+    latencies: Histogram<u64>,
+    slowest_us: u64,
+    slowest_at: Duration,
 }
 
 #[derive(Default)]
@@ -209,9 +220,11 @@ async fn caller(
     index: usize,
     mut client: FleetClient<Channel>,
     counters: Arc<Counters>,
+    run_started: Instant,
     until: Instant,
-) -> anyhow::Result<Histogram<u64>> {
+) -> anyhow::Result<CallerResult> {
     let mut latencies = histogram();
+    let (mut slowest_us, mut slowest_at) = (0, Duration::ZERO);
     let mut sender = HitSender::open(&plan, &mut client)
         .await
         .context("opening a hit stream")?;
@@ -225,11 +238,13 @@ async fn caller(
         let request = hit_request(&plan, index, seq, global_seq);
         let started = Instant::now();
         let answer = sender.hit(&mut client, request.clone()).await;
-        let _ = latencies.record(
-            u64::try_from(started.elapsed().as_micros())
-                .unwrap_or(u64::MAX)
-                .max(1),
-        );
+        let took_us = u64::try_from(started.elapsed().as_micros())
+            .unwrap_or(u64::MAX)
+            .max(1);
+        let _ = latencies.record(took_us);
+        if took_us > slowest_us {
+            (slowest_us, slowest_at) = (took_us, started - run_started);
+        }
         counters.hits.fetch_add(1, Ordering::Relaxed);
         let Ok(answer) = answer else {
             counters.errors.fetch_add(1, Ordering::Relaxed);
@@ -252,7 +267,11 @@ async fn caller(
             counters.not_allowed.fetch_add(1, Ordering::Relaxed);
         }
     }
-    Ok(latencies)
+    Ok(CallerResult {
+        latencies,
+        slowest_us,
+        slowest_at,
+    })
 }
 
 /// Runs the plan and returns the summary.
@@ -277,13 +296,21 @@ pub async fn run(plan: BenchPlan) -> anyhow::Result<BenchSummary> {
     let tasks: Vec<_> = (0..plan.callers)
         .map(|i| {
             let client = clients[i].clone();
-            tokio::spawn(caller(plan.clone(), i, client, counters.clone(), until))
+            let counters = counters.clone();
+            tokio::spawn(caller(plan.clone(), i, client, counters, started, until))
         })
         .collect();
     let progress = tokio::spawn(progress(counters.clone(), started, until));
     let mut latencies = histogram();
-    for task in tasks {
-        latencies.add(task.await??)?;
+    let (mut slowest_us, mut slowest_at_s, mut slowest_node) = (0, 0.0, String::new());
+    for (i, task) in tasks.into_iter().enumerate() {
+        let result = task.await??;
+        latencies.add(&result.latencies)?;
+        if result.slowest_us > slowest_us {
+            slowest_us = result.slowest_us;
+            slowest_at_s = result.slowest_at.as_secs_f64();
+            slowest_node = plan.api_addrs[i % plan.api_addrs.len()].clone();
+        }
     }
     progress.abort();
     eprintln!();
@@ -305,6 +332,8 @@ pub async fn run(plan: BenchPlan) -> anyhow::Result<BenchSummary> {
         p99_us: latencies.value_at_quantile(0.99),
         p999_us: latencies.value_at_quantile(0.999),
         max_us: latencies.max(),
+        slowest_at_s,
+        slowest_node,
     })
 }
 

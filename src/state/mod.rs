@@ -6,6 +6,7 @@
 
 pub mod model;
 pub mod rules;
+mod shards;
 pub mod store;
 
 pub use model::*;

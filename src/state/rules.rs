@@ -6,7 +6,7 @@
 //! reaches the same state and the same answers.
 
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap};
+use std::collections::BinaryHeap;
 use std::hash::Hash;
 use std::sync::Arc;
 
@@ -16,6 +16,7 @@ use super::model::{
     Answer, BucketKey, Charge, ClaimKey, ClaimRecord, ClaimRequest, ClaimState, Command, HitAnswer,
     HookId, Kind, NodeId, SettleAnswer, SettleOutcome, TenantId,
 };
+use super::shards::Sharded;
 
 /// Microseconds in a millisecond.
 const US_PER_MS: u64 = 1_000;
@@ -43,8 +44,9 @@ struct Slot<V> {
 #[derive(Clone, Debug, Default)]
 pub struct FleetState {
     clock_us: u64,
-    buckets: HashMap<Arc<BucketKey>, Slot<u64>>,
-    claims: HashMap<Arc<ClaimKey>, Slot<ClaimRecord>>,
+    // Sharded: growing one never pauses apply for a rehash of everything (see `shards`).
+    buckets: Sharded<Arc<BucketKey>, Slot<u64>>,
+    claims: Sharded<Arc<ClaimKey>, Slot<ClaimRecord>>,
     /// Min-heap of (deadline, item). Entries whose deadline is not the item's `queued_us`
     /// are stale (the item was removed and re-inserted) and are dropped when popped.
     expiry: ExpiryQueue,
@@ -273,7 +275,7 @@ type ExpiryQueue = BinaryHeap<Reverse<(u64, Expiring)>>;
 /// Stores `value` under `key`; queues an expiry entry only for a new key or an earlier
 /// deadline (a later one is re-queued when the current entry pops, see [`sweep_one`]).
 fn store<K: Hash + Eq, V>(
-    map: &mut HashMap<Arc<K>, Slot<V>>,
+    map: &mut Sharded<Arc<K>, Slot<V>>,
     expiry: &mut ExpiryQueue,
     key: K,
     value: V,
@@ -303,7 +305,7 @@ fn store<K: Hash + Eq, V>(
 /// Handles one popped expiry entry: a stale one (not the item's `queued_us`) is dropped,
 /// an expired item removed, an extended one re-queued at its current deadline.
 fn sweep_one<K: Hash + Eq, V>(
-    map: &mut HashMap<Arc<K>, Slot<V>>,
+    map: &mut Sharded<Arc<K>, Slot<V>>,
     expiry: &mut ExpiryQueue,
     key: Arc<K>,
     deadline_us: u64,

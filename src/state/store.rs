@@ -57,6 +57,11 @@ struct StoredSnapshot {
 
 struct Inner {
     applied: Mutex<Applied>,
+    /// Held (asynchronously) for as long as a snapshot encodes under the state lock, and by
+    /// `apply` before it takes that lock: an apply waiting for an encode yields its runtime
+    /// thread instead of blocking it, so the node goes on answering Raft traffic (with one
+    /// worker thread, a blocked apply froze the whole node: AppendEntries timed out).
+    encoding: Arc<tokio::sync::Mutex<()>>,
     snapshots: sled::Tree,
     db: sled::Db,
     snapshot_seq: AtomicU64,
@@ -87,6 +92,7 @@ impl StateMachineStore {
         Ok(Self {
             inner: Arc::new(Inner {
                 applied: Mutex::new(applied),
+                encoding: Arc::default(),
                 snapshots,
                 db: db.clone(),
                 snapshot_seq: AtomicU64::new(0),
@@ -147,7 +153,10 @@ impl RaftSnapshotBuilder<TypeConfig> for StateMachineStore {
     /// but no second copy of the state is ever made — the snapshot costs its encoded size.
     async fn build_snapshot(&mut self) -> Result<Snapshot, StorageError> {
         let store = self.clone();
+        let started = std::time::Instant::now();
+        let encoding = Arc::clone(&self.inner.encoding).lock_owned().await;
         let encoded = tokio::task::spawn_blocking(move || {
+            let _encoding = encoding;
             let applied = store.lock();
             let data =
                 snapshot::encode_live(applied.last_applied, &applied.membership, &applied.state);
@@ -167,9 +176,16 @@ impl RaftSnapshotBuilder<TypeConfig> for StateMachineStore {
             snapshot_id,
         };
         let data = data.map_err(|e| StorageIOError::write_snapshot(Some(meta.signature()), &e))?;
+        let encoded_ms = started.elapsed().as_millis();
         let stored = StoredSnapshot { meta, data };
         self.persist(&stored).await?;
-        tracing::info!(snapshot_id = %stored.meta.snapshot_id, size_bytes = stored.data.len(), "snapshot built");
+        tracing::info!(
+            snapshot_id = %stored.meta.snapshot_id,
+            size_bytes = stored.data.len(),
+            encoded_ms,
+            stored_ms = started.elapsed().as_millis() - encoded_ms,
+            "snapshot built"
+        );
         Ok(Snapshot {
             meta: stored.meta,
             snapshot: Box::new(Cursor::new(stored.data)),
@@ -189,6 +205,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
     where
         I: IntoIterator<Item = Entry> + Send,
     {
+        let _no_encode = self.inner.encoding.lock().await;
         let mut applied = self.lock();
         let mut responses = Vec::new();
         for entry in entries {
