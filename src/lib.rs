@@ -10,7 +10,7 @@
 //!    the [`node::propose::Proposer`].
 //! 3. The batcher drains the queue into one batch; [`node::propose::Router`] commits it:
 //!    on the leader as one `Raft::client_write` of a [`state::FleetRequest`] stamped with the
-//!    leader's clock; on a follower as one `Peer.Propose` RPC
+//!    leader's clock; on a follower as one `Propose` frame on the peer's `Exchange` stream
 //!    ([`raft::network::PeerClients::propose`]) that the leader's
 //!    [`raft::service::PeerService`] feeds into its own queue.
 //! 4. openraft appends the entry to [`raft::log_store::LogStore`] (fsynced) on a majority,

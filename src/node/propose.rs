@@ -1,6 +1,6 @@
 //! Group commit on the write path: callers' commands queue here, one batcher task drains
 //! the queue into batches, and each batch becomes ONE log entry (on the leader) or ONE
-//! `Propose` RPC (on a follower, relayed to the leader). Each caller gets its own answer
+//! `Propose` call (on a follower, relayed to the leader). Each caller gets its own answer
 //! back out of the batch.
 //!
 //! Adaptive by construction: a batch leaves as soon as an in-flight slot is free, so a lone
@@ -177,7 +177,7 @@ fn reply_all(batch: Vec<Queued>, outcome: ProposeResponse) {
     }
 }
 
-/// Routes batches to the leader: `client_write` when this node leads, a `Propose` RPC to
+/// Routes batches to the leader: `client_write` when this node leads, a `Propose` call to
 /// the leader otherwise.
 pub struct Router {
     node_id: NodeId,
