@@ -49,6 +49,8 @@ const VOTE_KEY: &str = "vote";
 const LOG_CACHE_BYTES: usize = 32 * 1024 * 1024;
 const COMMITTED_KEY: &str = "committed";
 const LAST_PURGED_KEY: &str = "last_purged_log_id";
+/// Entries per write when moving an older build's log into the WAL.
+const LEGACY_MOVE_CHUNK: usize = 1_000;
 
 /// Why the log store failed. Turned into an [`openraft::StorageError`] at the trait boundary,
 /// which makes openraft stop the node rather than run on a log it cannot trust.
@@ -88,6 +90,8 @@ pub enum LogStoreError {
     WriterGone,
     #[error("write-ahead log {path}: {reason}")]
     Wal { path: PathBuf, reason: String },
+    #[error("a log record of {len_bytes} bytes does not fit its 32-bit length")]
+    RecordTooLarge { len_bytes: usize },
 }
 
 macro_rules! from_redb {
@@ -404,15 +408,38 @@ fn move_legacy_entries(disk: &Disk) -> Result<Option<Option<LogId>>> {
             read_meta(&txn.open_table(META_TABLE)?, COMMITTED_KEY)?;
         (entries, committed)
     };
-    let Some(last) = entries.last().map(|entry| entry.log_id) else {
+    if entries.is_empty() {
         return Ok(committed);
-    };
-    if disk.wal.last_log_id().is_none_or(|moved| moved < last) {
-        disk.wal.append(&entries, committed)?;
-        tracing::info!(
-            entries = entries.len(),
-            "moved the log from redb into the WAL"
-        );
+    }
+    // A move that stopped part way left a prefix in the WAL: go on after it (it must be
+    // the very entries of the table, or the two logs disagree and neither is trusted).
+    let moved = disk.wal.last_log_id();
+    if let Some(moved) = moved {
+        let same = entries
+            .iter()
+            .find(|entry| entry.log_id.index == moved.index);
+        if same.is_some_and(|entry| entry.log_id != moved) {
+            return Err(LogStoreError::Wal {
+                path: disk.wal.dir().to_path_buf(),
+                reason: format!(
+                    "its last entry {moved} is not the old redb log's entry at that index"
+                ),
+            });
+        }
+    }
+    let rest: Vec<Entry> = entries
+        .into_iter()
+        .filter(|entry| moved.is_none_or(|moved| entry.log_id.index > moved.index))
+        .collect();
+    // In bounded writes: one buffer per chunk, not the whole table at once.
+    for chunk in rest.chunks(LEGACY_MOVE_CHUNK) {
+        disk.wal.append(chunk, None)?;
+    }
+    if let Some(committed) = committed {
+        disk.wal.append(&[], Some(committed))?;
+    }
+    if !rest.is_empty() {
+        tracing::info!(entries = rest.len(), "moved the log from redb into the WAL");
     }
     let txn = durable_write(&disk.db)?;
     txn.open_table(LOG_TABLE)?.retain(|_, _| false)?;
@@ -929,6 +956,39 @@ mod tests {
         assert!(LogStore::open(&path).is_err(), "a hole in the old table");
     }
 
+    /// A move that stopped part way (the WAL holds a prefix of the old table) goes on after
+    /// that prefix when the store opens again; a WAL that disagrees with the table is refused.
+    #[tokio::test]
+    async fn a_move_from_redb_that_stopped_part_way_goes_on() {
+        let (_dir, path) = scratch();
+        let entries: Vec<Entry> = (0..10).map(|index| request_entry(1, index)).collect();
+        {
+            let store = LogStore::open(&path).expect("open");
+            for entry in &entries {
+                write_legacy(&store, entry.log_id.index, entry);
+            }
+            store.disk.wal.append(&entries[..5], None).expect("prefix");
+        }
+        let mut store = LogStore::open(&path).expect("reopen");
+        assert_eq!(store.try_get_log_entries(..).await.expect("read"), entries);
+        drop(store);
+
+        let (_dir, path) = scratch();
+        {
+            let store = LogStore::open(&path).expect("open");
+            for entry in &entries {
+                write_legacy(&store, entry.log_id.index, entry);
+            }
+            let other_term: Vec<Entry> = (0..3).map(|index| request_entry(2, index)).collect();
+            store.disk.wal.append(&other_term, None).expect("prefix");
+        }
+        let refused = LogStore::open(&path).expect_err("the WAL disagrees with the table");
+        assert!(
+            refused.to_string().contains("not the old redb log's entry"),
+            "{refused}"
+        );
+    }
+
     fn write_legacy(store: &LogStore, index: u64, entry: &Entry) {
         let txn = store.disk.db.begin_write().expect("txn");
         let bytes = encode(entry).expect("encode");
@@ -1053,7 +1113,7 @@ mod tests {
         let used = bytes.iter().rposition(|byte| *byte != 0).expect("records") + 1;
         let mut record = Vec::new();
         let misplaced = encode(&request_entry(1, 7)).expect("encode");
-        wal::push_record(&mut record, wal::KIND_ENTRY, &misplaced);
+        wal::push_record(&mut record, wal::KIND_ENTRY, &misplaced).expect("record");
         bytes[used..used + record.len()].copy_from_slice(&record);
         std::fs::write(&segment, &bytes).expect("write");
         let refused = LogStore::open(&path).expect_err("entry 7 after entry 2");

@@ -15,6 +15,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
+use futures::StreamExt;
 use openraft::error::{
     InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Unreachable,
 };
@@ -38,6 +39,9 @@ use crate::pb::internal::{PeerFrame, PeerMethod, RaftMessage};
 
 /// How long to wait for a TCP connection to a peer before calling it unreachable.
 const CONNECT_TIMEOUT: Duration = Duration::from_millis(500);
+/// HTTP/2 pings on peer connections, and how long an unanswered one may wait.
+const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(1);
+const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// A transport failure talking to a peer (its answer, if any, is unknown).
 #[derive(Debug, thiserror::Error)]
@@ -114,8 +118,11 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 impl PeerStream {
     /// Starts the task that reads `answers` until the stream ends, then fails every call
     /// still waiting (dropping its sender) and refuses new ones.
-    fn start(frames: mpsc::UnboundedSender<PeerFrame>, mut answers: Streaming<PeerFrame>) -> Self {
-        let waiting = Arc::new(Mutex::new(Waiting::default()));
+    fn start(
+        frames: mpsc::UnboundedSender<PeerFrame>,
+        waiting: Arc<Mutex<Waiting>>,
+        mut answers: Streaming<PeerFrame>,
+    ) -> Self {
         let reader = waiting.clone();
         tokio::spawn(async move {
             let reason = loop {
@@ -234,7 +241,12 @@ impl PeerClients {
                 reason: e.to_string(),
             })?
             .connect_timeout(CONNECT_TIMEOUT)
-            .tcp_nodelay(true);
+            .tcp_nodelay(true)
+            // A peer that vanished without closing the connection (power loss, partition)
+            // must end the Exchange stream, so the next call opens a new one.
+            .http2_keep_alive_interval(KEEPALIVE_INTERVAL)
+            .keep_alive_timeout(KEEPALIVE_TIMEOUT)
+            .keep_alive_while_idle(true);
         let client = PeerClient::new(endpoint.connect_lazy())
             .max_decoding_message_size(usize::MAX)
             .max_encoding_message_size(usize::MAX);
@@ -257,11 +269,20 @@ impl PeerClients {
         }
         let mut client = self.client(raft_addr)?;
         let (frames, outgoing) = mpsc::unbounded_channel();
-        let opened = match client
-            .exchange(UnboundedReceiverStream::new(outgoing))
-            .await
-        {
-            Ok(answers) => Link::Stream(Arc::new(PeerStream::start(frames, answers.into_inner()))),
+        let waiting = Arc::new(Mutex::new(Waiting::default()));
+        // A frame whose caller gave up (its deadline passed while the connection was slow)
+        // is not sent late: only frames someone still waits for leave.
+        let still_waited_for = Arc::clone(&waiting);
+        let outgoing = UnboundedReceiverStream::new(outgoing).filter(move |frame: &PeerFrame| {
+            let wanted = lock(&still_waited_for).calls.contains_key(&frame.call_id);
+            std::future::ready(wanted)
+        });
+        let opened = match client.exchange(outgoing).await {
+            Ok(answers) => Link::Stream(Arc::new(PeerStream::start(
+                frames,
+                waiting,
+                answers.into_inner(),
+            ))),
             Err(status) if status.code() == tonic::Code::Unimplemented => Link::Unary,
             Err(status) => {
                 return Err(PeerError::Unreachable {

@@ -38,6 +38,13 @@ const KIND_COMMITTED: u8 = 1;
 const SUFFIX: &str = ".wal";
 static ZEROS: [u8; 64 * 1024] = [0; 64 * 1024];
 
+/// Which end of the log deleting segments starts from.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Order {
+    OldestFirst,
+    NewestFirst,
+}
+
 /// Where one entry's record lies in its segment.
 #[derive(Clone, Copy)]
 struct Span {
@@ -120,8 +127,10 @@ fn zero(file: &File, path: &Path, from: u64, to: u64) -> Result<()> {
 }
 
 /// Appends one record (header and body) to `buf`.
-pub(super) fn push_record(buf: &mut Vec<u8>, kind: u8, payload: &[u8]) {
-    let body_len = u32::try_from(payload.len() + 1).unwrap_or(u32::MAX);
+pub(super) fn push_record(buf: &mut Vec<u8>, kind: u8, payload: &[u8]) -> Result<()> {
+    let body_len = u32::try_from(payload.len() + 1).map_err(|_| LogStoreError::RecordTooLarge {
+        len_bytes: payload.len(),
+    })?;
     let mut hasher = crc32fast::Hasher::new();
     hasher.update(&[kind]);
     hasher.update(payload);
@@ -129,6 +138,7 @@ pub(super) fn push_record(buf: &mut Vec<u8>, kind: u8, payload: &[u8]) {
     buf.extend_from_slice(&hasher.finalize().to_le_bytes());
     buf.push(kind);
     buf.extend_from_slice(payload);
+    Ok(())
 }
 
 /// One record read back: its kind and payload, and where the next one starts.
@@ -191,7 +201,7 @@ impl Wal {
         };
         {
             let mut state = wal.lock();
-            wal.drop_segments(&mut state, |segment| {
+            wal.drop_segments(&mut state, Order::OldestFirst, |segment| {
                 segment.spans.is_empty()
                     || purged_upto
                         .is_some_and(|p| segment.first_index + segment.spans.len() as u64 <= p + 1)
@@ -217,12 +227,17 @@ impl Wal {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
+    /// The directory the segments are in.
+    pub(super) fn dir(&self) -> &Path {
+        &self.dir
+    }
+
     pub(super) fn last_log_id(&self) -> Option<LogId> {
         self.lock()
             .segments
             .values()
-            .next_back()
-            .and_then(Segment::last_log_id)
+            .rev()
+            .find_map(Segment::last_log_id)
     }
 
     /// Appends the entries past the purge point (they must continue the log: a hole is
@@ -236,9 +251,10 @@ impl Wal {
                 .filter(|entry| purged.is_none_or(|p| entry.log_id.index > p))
                 .collect();
             let last = state.segments.values().next_back();
+            // A segment always expects the index after its entries (an empty one, left by a
+            // failed first write, its own first index): segments stay contiguous.
             let mut next = last
-                .and_then(Segment::last_log_id)
-                .map(|log_id| log_id.index + 1)
+                .map(|segment| segment.first_index + segment.spans.len() as u64)
                 .or(purged.map(|p| p + 1));
             for entry in &admitted {
                 if let Some(expected_index) = next.filter(|want| *want != entry.log_id.index) {
@@ -256,7 +272,7 @@ impl Wal {
         let mut spans = Vec::with_capacity(admitted.len());
         for entry in &admitted {
             let offset = buf.len() as u64;
-            push_record(&mut buf, KIND_ENTRY, &encode_as(*entry, "log entry")?);
+            push_record(&mut buf, KIND_ENTRY, &encode_as(*entry, "log entry")?)?;
             spans.push(Span {
                 offset,
                 len: buf.len() as u64 - offset,
@@ -268,7 +284,7 @@ impl Wal {
                 &mut buf,
                 KIND_COMMITTED,
                 &encode_as(&committed, "committed")?,
-            );
+            )?;
         }
         let first_new = admitted.first().map(|entry| entry.log_id.index);
         let (first_index, end) = match (target, first_new) {
@@ -389,7 +405,10 @@ impl Wal {
     /// segment holding `index` is zeroed and fsynced.
     pub(super) fn truncate(&self, index: u64) -> Result<()> {
         let mut state = self.lock();
-        self.drop_segments(&mut state, |segment| segment.first_index >= index)?;
+        // Newest first: a crash part way leaves a log that ends early, never one with a hole.
+        self.drop_segments(&mut state, Order::NewestFirst, |segment| {
+            segment.first_index >= index
+        })?;
         if let Some(segment) = state.segments.values_mut().next_back() {
             let keep = index.saturating_sub(segment.first_index);
             if let Some(cut) = usize::try_from(keep)
@@ -413,14 +432,21 @@ impl Wal {
     pub(super) fn purge(&self, index: u64) -> Result<()> {
         let mut state = self.lock();
         state.purged_upto = state.purged_upto.max(Some(index));
-        self.drop_segments(&mut state, |segment| {
+        // Oldest first: a crash part way leaves a log that starts late (open drops the
+        // rest of what the durable purge point covers), never one with a hole.
+        self.drop_segments(&mut state, Order::OldestFirst, |segment| {
             segment.first_index + segment.spans.len() as u64 <= index + 1
         })
     }
 
-    /// Deletes every segment `doomed` picks, then fsyncs the directory.
-    fn drop_segments(&self, state: &mut State, doomed: impl Fn(&Segment) -> bool) -> Result<()> {
-        let firsts: Vec<u64> = state
+    /// Deletes every segment `doomed` picks, in `order`, then fsyncs the directory.
+    fn drop_segments(
+        &self,
+        state: &mut State,
+        order: Order,
+        doomed: impl Fn(&Segment) -> bool,
+    ) -> Result<()> {
+        let mut firsts: Vec<u64> = state
             .segments
             .values()
             .filter(|segment| doomed(segment))
@@ -428,6 +454,9 @@ impl Wal {
             .collect();
         if firsts.is_empty() {
             return Ok(());
+        }
+        if order == Order::NewestFirst {
+            firsts.reverse();
         }
         for first in firsts {
             if let Some(segment) = state.segments.remove(&first) {
