@@ -840,14 +840,23 @@ mod tests {
             .expect("append after purge point");
     }
 
+    /// The segment files in a WAL directory (not the spare being made beside them).
+    fn segment_files(wal_dir: &Path) -> Vec<PathBuf> {
+        std::fs::read_dir(wal_dir)
+            .expect("list")
+            .map(|item| item.expect("item").path())
+            .filter(|path| path.extension().is_some_and(|ext| ext == "wal"))
+            .collect()
+    }
+
     /// Copies the store at `path` (the redb file and the WAL directory) to `copy`.
     fn copy_store(path: &Path, copy: &Path) {
         std::fs::copy(path, copy).expect("copy redb");
         let wal_copy = copy.with_extension("wal");
         std::fs::create_dir_all(&wal_copy).expect("wal dir");
-        for item in std::fs::read_dir(path.with_extension("wal")).expect("list") {
-            let item = item.expect("item");
-            std::fs::copy(item.path(), wal_copy.join(item.file_name())).expect("copy segment");
+        for segment in segment_files(&path.with_extension("wal")) {
+            let name = segment.file_name().expect("name");
+            std::fs::copy(&segment, wal_copy.join(name)).expect("copy segment");
         }
     }
 
@@ -1005,7 +1014,7 @@ mod tests {
     async fn segments_roll_purge_and_truncate_across_reopens() {
         let (dir, path) = scratch();
         let wal_dir = path.with_extension("wal");
-        let segments = || std::fs::read_dir(&wal_dir).expect("list").count();
+        let segments = || segment_files(&wal_dir).len();
         let entries: Vec<Entry> = (0..40).map(|index| request_entry(1, index)).collect();
         {
             let mut store = LogStore::open_with_segment_bytes(&path, 256).expect("open");
@@ -1044,6 +1053,48 @@ mod tests {
         assert_eq!(state.last_purged_log_id, Some(log_id(1, 20)));
         assert_eq!(state.last_log_id, Some(log_id(2, 34)));
         drop(dir);
+    }
+
+    /// The next segment's file is made ahead (zeros, fsynced) and becomes the new segment
+    /// when the log rolls over: the very file, not a copy.
+    #[tokio::test]
+    async fn the_next_segment_is_made_ahead_and_taken_when_the_log_rolls() {
+        use std::os::unix::fs::MetadataExt;
+        let (_dir, path) = scratch();
+        let wal_dir = path.with_extension("wal");
+        let spare = wal_dir.join("next-segment.spare");
+        let mut store = LogStore::open_with_segment_bytes(&path, 256).expect("open");
+        store
+            .blocking_append(vec![request_entry(1, 0)])
+            .await
+            .expect("append");
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while !spare.exists() {
+            assert!(std::time::Instant::now() < deadline, "no spare was made");
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+        let spare_inode = std::fs::metadata(&spare).expect("spare").ino();
+        let before = segment_files(&wal_dir);
+        let mut next = 1;
+        while segment_files(&wal_dir).len() == before.len() {
+            assert!(next < 50, "the log never rolled over");
+            store
+                .blocking_append(vec![request_entry(1, next)])
+                .await
+                .expect("append");
+            next += 1;
+        }
+        let rolled: Vec<PathBuf> = segment_files(&wal_dir)
+            .into_iter()
+            .filter(|segment| !before.contains(segment))
+            .collect();
+        assert_eq!(rolled.len(), 1);
+        assert_eq!(
+            std::fs::metadata(&rolled[0]).expect("segment").ino(),
+            spare_inode
+        );
+        let all: Vec<Entry> = (0..next).map(|index| request_entry(1, index)).collect();
+        assert_eq!(store.try_get_log_entries(..).await.expect("read"), all);
     }
 
     /// A crash in the middle of an append leaves a torn record at the end of the last

@@ -1,7 +1,8 @@
 //! The Raft log's entries: an append-only, segmented write-ahead log.
 //!
 //! A segment is one file, `<first index, 20 digits>.wal`, created full of zeros (written,
-//! fsynced, then renamed into place) so that appending to it is a `pwrite` and an
+//! fsynced, then renamed into place; the next one is made ahead on a thread of its own) so
+//! that appending to it is a `pwrite` and an
 //! `fdatasync` that has no file size or block allocation to record: one device flush, no
 //! metadata write. A record is `[body length: u32 LE][CRC-32 of body: u32 LE][body]`; the
 //! body is a kind byte and the encoded value: an entry, or the committed log id. A zero
@@ -26,6 +27,7 @@ use std::io::{self, Write};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread::JoinHandle;
 
 use super::{decode_as, encode_as, LogStoreError, Result};
 use crate::raft::{Entry, LogId};
@@ -36,6 +38,9 @@ const HEADER_BYTES: u64 = 8;
 pub(super) const KIND_ENTRY: u8 = 0;
 const KIND_COMMITTED: u8 = 1;
 const SUFFIX: &str = ".wal";
+/// The next segment's file once made (zeros, fsynced), and while it is being made.
+const SPARE: &str = "next-segment.spare";
+const SPARE_STAGING: &str = "next-segment.spare.tmp";
 static ZEROS: [u8; 64 * 1024] = [0; 64 * 1024];
 
 /// Which end of the log deleting segments starts from.
@@ -81,6 +86,40 @@ pub(super) struct Wal {
     dir: PathBuf,
     segment_bytes: u64,
     state: Mutex<State>,
+    /// The next segment's file, being made ahead (see `prepare_spare`).
+    spare: Mutex<Option<JoinHandle<io::Result<PathBuf>>>>,
+}
+
+impl Drop for Wal {
+    fn drop(&mut self) {
+        if let Some(spare) = lock_spare(&self.spare).take() {
+            let _ = spare.join();
+        }
+    }
+}
+
+fn lock_spare<T>(spare: &Mutex<T>) -> MutexGuard<'_, T> {
+    spare
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// A file of `bytes` zeros, fsynced, opened for reading and writing.
+fn zeroed_file(path: &Path, bytes: u64) -> io::Result<File> {
+    let mut file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(path)?;
+    let mut left = bytes;
+    while left > 0 {
+        let n = left.min(ZEROS.len() as u64);
+        file.write_all(&ZEROS[..n as usize])?;
+        left -= n;
+    }
+    file.sync_all()?;
+    Ok(file)
 }
 
 /// What replay found besides the entries.
@@ -170,8 +209,8 @@ impl Wal {
         for item in fs::read_dir(dir).map_err(|e| io_error(dir, "list", e))? {
             let item = item.map_err(|e| io_error(dir, "list", e))?;
             let name = item.file_name().to_string_lossy().into_owned();
-            if name.ends_with(".tmp") {
-                // A segment that was being created when the node stopped.
+            if name.ends_with(".tmp") || name == SPARE {
+                // A segment that was being created when the node stopped, or a spare.
                 fs::remove_file(item.path()).map_err(|e| io_error(&item.path(), "remove", e))?;
             } else if let Some(first) = name
                 .strip_suffix(SUFFIX)
@@ -198,6 +237,7 @@ impl Wal {
                 segments,
                 purged_upto,
             }),
+            spare: Mutex::new(None),
         };
         {
             let mut state = wal.lock();
@@ -322,25 +362,25 @@ impl Wal {
     /// into place and the directory fsynced, so it is whole before any record counts on it.
     fn create_segment(&self, first_index: u64) -> Result<u64> {
         let path = self.dir.join(segment_name(first_index));
-        let staging = self.dir.join(format!("{}.tmp", segment_name(first_index)));
-        let mut file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(&staging)
-            .map_err(|e| io_error(&staging, "create", e))?;
-        let mut left = self.segment_bytes;
-        while left > 0 {
-            let n = left.min(ZEROS.len() as u64);
-            file.write_all(&ZEROS[..n as usize])
-                .map_err(|e| io_error(&staging, "zero", e))?;
-            left -= n;
-        }
-        file.sync_all()
-            .map_err(|e| io_error(&staging, "fsync", e))?;
-        fs::rename(&staging, &path).map_err(|e| io_error(&path, "rename", e))?;
+        let file = match self.take_spare() {
+            Some(spare) => {
+                fs::rename(&spare, &path).map_err(|e| io_error(&path, "rename", e))?;
+                OpenOptions::new()
+                    .read(true)
+                    .write(true)
+                    .open(&path)
+                    .map_err(|e| io_error(&path, "open", e))?
+            }
+            None => {
+                let staging = self.dir.join(format!("{}.tmp", segment_name(first_index)));
+                let file = zeroed_file(&staging, self.segment_bytes)
+                    .map_err(|e| io_error(&staging, "create", e))?;
+                fs::rename(&staging, &path).map_err(|e| io_error(&path, "rename", e))?;
+                file
+            }
+        };
         sync_dir(&self.dir)?;
+        self.prepare_spare();
         self.lock().segments.insert(
             first_index,
             Segment {
@@ -352,6 +392,44 @@ impl Wal {
             },
         );
         Ok(first_index)
+    }
+
+    /// The spare segment, if one is ready (zeros written and fsynced under its own name).
+    fn take_spare(&self) -> Option<PathBuf> {
+        let mut spare = lock_spare(&self.spare);
+        if !spare.as_ref().is_some_and(JoinHandle::is_finished) {
+            return None;
+        }
+        match spare.take().map(JoinHandle::join) {
+            Some(Ok(Ok(path))) => Some(path),
+            Some(Ok(Err(e))) => {
+                tracing::warn!(error = %e, "spare log segment not made; creating one in line");
+                None
+            }
+            _ => None,
+        }
+    }
+
+    /// Starts making the next segment's file on a thread of its own, unless one is on its
+    /// way: zeroing 16 MiB and its fsync take 20-25 ms that appends would otherwise wait.
+    fn prepare_spare(&self) {
+        let mut spare = lock_spare(&self.spare);
+        if spare.is_some() {
+            return;
+        }
+        let (staging, ready) = (self.dir.join(SPARE_STAGING), self.dir.join(SPARE));
+        let bytes = self.segment_bytes;
+        let made = std::thread::Builder::new()
+            .name("raft-log-spare".to_owned())
+            .spawn(move || {
+                zeroed_file(&staging, bytes)?;
+                fs::rename(&staging, &ready)?;
+                Ok(ready)
+            });
+        match made {
+            Ok(handle) => *spare = Some(handle),
+            Err(e) => tracing::warn!(error = %e, "no thread for a spare log segment"),
+        }
     }
 
     /// The entries with indexes in `[from, to)` that the log holds (purged ones are gone;
