@@ -233,6 +233,25 @@ impl FleetState {
         }
     }
 
+    /// A read-only copy of the state as it is now, for a snapshot: it shares the maps' shards
+    /// (nothing is copied) and never changes; `self` keeps changing on top of it until
+    /// [`FleetState::thaw`]. Encode the copy with [`LiveImage`] without holding any lock.
+    pub fn freeze(&mut self) -> FleetState {
+        FleetState {
+            clock_us: self.clock_us,
+            buckets: self.buckets.freeze(),
+            claims: self.claims.freeze(),
+            expiry: ExpiryQueue::default(),
+        }
+    }
+
+    /// Folds what changed since [`FleetState::freeze`] back into the maps; call it once the
+    /// frozen copy is dropped (before, it works too, but copies the maps).
+    pub fn thaw(&mut self) {
+        self.buckets.thaw();
+        self.claims.thaw();
+    }
+
     /// Copies out the live items at the current clock.
     pub fn image(&self) -> StateImage {
         let clock_us = self.clock_us;
@@ -274,7 +293,7 @@ type ExpiryQueue = BinaryHeap<Reverse<(u64, Expiring)>>;
 
 /// Stores `value` under `key`; queues an expiry entry only for a new key or an earlier
 /// deadline (a later one is re-queued when the current entry pops, see [`sweep_one`]).
-fn store<K: Hash + Eq, V>(
+fn store<K: Hash + Eq, V: Clone>(
     map: &mut Sharded<Arc<K>, Slot<V>>,
     expiry: &mut ExpiryQueue,
     key: K,
@@ -304,7 +323,7 @@ fn store<K: Hash + Eq, V>(
 
 /// Handles one popped expiry entry: a stale one (not the item's `queued_us`) is dropped,
 /// an expired item removed, an extended one re-queued at its current deadline.
-fn sweep_one<K: Hash + Eq, V>(
+fn sweep_one<K: Hash + Eq, V: Clone>(
     map: &mut Sharded<Arc<K>, Slot<V>>,
     expiry: &mut ExpiryQueue,
     key: Arc<K>,
