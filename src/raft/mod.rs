@@ -1,5 +1,6 @@
-//! openraft glue only: the type configuration, the durable log store (redb, really
-//! fsynced), the tonic network between peers and the peer-facing service.
+//! openraft glue only: the type configuration, the durable log store (a segmented WAL plus
+//! redb, really fsynced), the tonic network between peers (one Exchange stream per peer)
+//! and the peer-facing service.
 //!
 //! Nothing here knows the fleet's rules; it moves entries and snapshots.
 
