@@ -154,9 +154,10 @@ fn applied_from_body(body: SnapshotBody) -> Applied {
 
 impl RaftSnapshotBuilder<TypeConfig> for StateMachineStore {
     /// Freezes the state under the lock (the maps' shards are shared, nothing is copied),
-    /// then encodes the frozen copy on the blocking pool with no lock held: apply goes on
-    /// meanwhile, its changes kept in the maps' overlays, folded back in afterwards. The
-    /// snapshot costs its encoded size plus what changed during the encode.
+    /// then encodes the frozen copy on a thread of its own at the lowest CPU priority with
+    /// no lock held: apply goes on meanwhile, its changes kept in the maps' overlays, folded
+    /// back in afterwards. The snapshot costs its encoded size plus what changed during the
+    /// encode.
     async fn build_snapshot(&mut self) -> Result<Snapshot, StorageError> {
         let started = std::time::Instant::now();
         let (frozen, last_applied, membership) = {
