@@ -45,7 +45,8 @@ const LOG_TABLE: TableDefinition<u64, &[u8]> = TableDefinition::new("log");
 /// Small named records: [`VOTE_KEY`], [`COMMITTED_KEY`], [`LAST_PURGED_KEY`].
 const META_TABLE: TableDefinition<&str, &[u8]> = TableDefinition::new("meta");
 const VOTE_KEY: &str = "vote";
-/// redb page cache of the log file.
+/// redb page cache (the file holds the vote and purge point; an older build's log is read
+/// from it once, at the move into the WAL).
 const LOG_CACHE_BYTES: usize = 32 * 1024 * 1024;
 const COMMITTED_KEY: &str = "committed";
 const LAST_PURGED_KEY: &str = "last_purged_log_id";
@@ -173,13 +174,9 @@ impl LogStore {
         })?;
         let purged: Option<LogId> = load_meta(&db, LAST_PURGED_KEY)?;
         let purged_upto = purged.map(|log_id| log_id.index);
-        let replayed = wal::Wal::open(&path.with_extension("wal"), purged_upto, segment_bytes)?;
-        let disk = Disk {
-            db,
-            wal: replayed.wal,
-        };
-        let legacy_committed = move_legacy_entries(&disk)?;
-        let committed = replayed.committed.or(legacy_committed);
+        let wal = wal::Wal::open(&path.with_extension("wal"), purged_upto, segment_bytes)?;
+        let disk = Disk { db, wal };
+        move_legacy_entries(&disk)?;
         let disk = Arc::new(disk);
         let tail = Arc::new(std::sync::Mutex::new(writer::Tail::new(purged_upto)));
         let writer = writer::Writer::start(Arc::clone(&disk), Arc::clone(&tail))
@@ -188,7 +185,7 @@ impl LogStore {
             disk,
             tail,
             writer: Arc::new(writer),
-            committed: Arc::new(std::sync::Mutex::new(committed)),
+            committed: Arc::default(),
         })
     }
 
@@ -229,16 +226,12 @@ impl LogStore {
     }
 
     /// Entries in `bounds`: the part at or above the tail's first index from the tail, the
-    /// part below it from redb (the tail only lets go of entries once they are durable).
+    /// part below it from the WAL (the tail only lets go of entries once they are durable).
     async fn read(&self, (start, end): (Bound<u64>, Bound<u64>)) -> Result<Vec<Entry>> {
         if range_is_empty((start, end)) {
             return Ok(Vec::new());
         }
-        let from = match start {
-            Bound::Included(index) => index,
-            Bound::Excluded(index) => index.saturating_add(1),
-            Bound::Unbounded => 0,
-        };
+        let from = first_index(start);
         let (tail_first, from_tail, purged_upto) = {
             let tail = writer::lock(&self.tail);
             let from_tail = match tail.first_index() {
@@ -265,7 +258,7 @@ impl LogStore {
             .await?;
         match (entries.last(), from_tail.first()) {
             (Some(last), Some(next)) => check_follows(last.log_id.index, next.log_id.index)?,
-            // Nothing in redb below the tail, though `[from, first)` was not purged: a hole
+            // Nothing in the WAL below the tail, though `[from, first)` was not purged: a hole
             // (openraft would replicate the tail as if it followed `from - 1`).
             (None, Some(next)) if from > 0 && purged_upto.is_none_or(|purged| from > purged) => {
                 check_follows(from - 1, next.log_id.index)?;
@@ -353,28 +346,13 @@ fn store_meta<T: Serialize>(
     Ok(())
 }
 
-/// Appends `entries` (and the committed id) to the WAL with one fsync, refusing any that
-/// would leave a hole; entries at or below the purge point are skipped (they are committed
-/// and in a snapshot, so by log matching they are the entries that were purged; openraft's
-/// storage suite appends such).
-fn append_durably(disk: &Disk, entries: &[Entry], committed: Option<Option<LogId>>) -> Result<()> {
-    if entries.is_empty() && committed.is_none() {
-        return Ok(());
-    }
-    disk.wal.append(entries, committed)
-}
-
 /// Reads the entries in `range` from the WAL, checking they are contiguous: a hole would
 /// make openraft replicate a log that is not the leader's.
 fn read_entries(disk: &Disk, range: (Bound<u64>, Bound<u64>)) -> Result<Vec<Entry>> {
     if range_is_empty(range) {
         return Ok(Vec::new());
     }
-    let from = match range.0 {
-        Bound::Included(index) => index,
-        Bound::Excluded(index) => index.saturating_add(1),
-        Bound::Unbounded => 0,
-    };
+    let from = first_index(range.0);
     let to = match range.1 {
         Bound::Included(index) => Some(index.saturating_add(1)),
         Bound::Excluded(index) => Some(index),
@@ -389,8 +367,8 @@ fn read_entries(disk: &Disk, range: (Bound<u64>, Bound<u64>)) -> Result<Vec<Entr
 
 /// Moves entries an older build left in redb's `log` table into the WAL (once: the table is
 /// emptied after the WAL's fsync; if the node stopped in between, the WAL already has them
-/// and the table is just emptied). Returns the committed id stored beside them.
-fn move_legacy_entries(disk: &Disk) -> Result<Option<Option<LogId>>> {
+/// and the table is just emptied). The committed id stored beside them moves too.
+fn move_legacy_entries(disk: &Disk) -> Result<()> {
     let (entries, committed) = {
         let txn = disk.db.begin_read()?;
         let log = txn.open_table(LOG_TABLE)?;
@@ -408,8 +386,8 @@ fn move_legacy_entries(disk: &Disk) -> Result<Option<Option<LogId>>> {
             read_meta(&txn.open_table(META_TABLE)?, COMMITTED_KEY)?;
         (entries, committed)
     };
-    if entries.is_empty() {
-        return Ok(committed);
+    if entries.is_empty() && committed.is_none() {
+        return Ok(());
     }
     // A move that stopped part way left a prefix in the WAL: go on after it (it must be
     // the very entries of the table, or the two logs disagree and neither is trusted).
@@ -443,17 +421,23 @@ fn move_legacy_entries(disk: &Disk) -> Result<Option<Option<LogId>>> {
     }
     let txn = durable_write(&disk.db)?;
     txn.open_table(LOG_TABLE)?.retain(|_, _| false)?;
+    txn.open_table(META_TABLE)?.remove(COMMITTED_KEY)?;
     txn.commit()?;
-    Ok(committed)
+    Ok(())
 }
 
-/// redb, like `BTreeMap`, wants `start <= end`; openraft may ask for an empty range.
-fn range_is_empty((start, end): (Bound<u64>, Bound<u64>)) -> bool {
-    let first = match start {
+/// The first index a range's start bound admits.
+fn first_index(start: Bound<u64>) -> u64 {
+    match start {
         Bound::Included(index) => index,
         Bound::Excluded(index) => index.saturating_add(1),
         Bound::Unbounded => 0,
-    };
+    }
+}
+
+/// Like `BTreeMap`, the reads want `start <= end`; openraft may ask for an empty range.
+fn range_is_empty((start, end): (Bound<u64>, Bound<u64>)) -> bool {
+    let first = first_index(start);
     match end {
         Bound::Included(index) => first > index,
         Bound::Excluded(index) => first >= index,
@@ -573,8 +557,9 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn read_committed(&mut self) -> Result<Option<LogId>, StorageError> {
-        // Holds what the WAL (or an older build's redb) recorded until a newer one is saved.
-        Ok(self.committed_slot().flatten())
+        // The newest one saved (not yet written), else the newest one the WAL holds.
+        let pending = *self.committed_slot();
+        Ok(pending.or_else(|| self.disk.wal.committed()).flatten())
     }
 
     /// Returns once the entries are readable (in the tail) and queued; `callback` fires after

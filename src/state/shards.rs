@@ -54,10 +54,15 @@ impl<K, V> Default for Sharded<K, V> {
     }
 }
 
+/// The shard of `key`: the top bits of its hash (each shard's own map hashes with another
+/// seed, so its buckets stay spread).
+fn shard_index<Q: Hash + ?Sized>(hasher: &RandomState, key: &Q) -> usize {
+    (hasher.hash_one(key) >> (u64::BITS - SHARD_BITS)) as usize
+}
+
 impl<K: Hash + Eq + Clone, V: Clone> Sharded<K, V> {
     fn shard_of<Q: Hash + ?Sized>(&self, key: &Q) -> usize {
-        // The top bits: the shard's own map uses another seed, so its buckets stay spread.
-        (self.hasher.hash_one(key) >> (u64::BITS - SHARD_BITS)) as usize
+        shard_index(&self.hasher, key)
     }
 
     pub(super) fn get<Q>(&self, key: &Q) -> Option<&V>
@@ -92,16 +97,19 @@ impl<K: Hash + Eq + Clone, V: Clone> Sharded<K, V> {
 
     /// Inserts or replaces; true when the key was not there.
     pub(super) fn insert(&mut self, key: K, value: V) -> bool {
-        let is_new = self.get(&key).is_none();
         let shard = self.shard_of(&key);
-        match &mut self.overlay {
+        let is_new = match &mut self.overlay {
             Some(overlay) => {
-                overlay.insert(key, Some(value));
+                let in_base = self.base[shard].contains_key(&key);
+                match overlay.insert(key, Some(value)) {
+                    Some(changed) => changed.is_none(),
+                    None => !in_base,
+                }
             }
-            None => {
-                Arc::make_mut(&mut self.base)[shard].insert(key, value);
-            }
-        }
+            None => Arc::make_mut(&mut self.base)[shard]
+                .insert(key, value)
+                .is_none(),
+        };
         if is_new {
             self.len += 1;
         }
@@ -175,10 +183,9 @@ impl<K: Hash + Eq + Clone, V: Clone> Sharded<K, V> {
         let Some(overlay) = self.overlay.take() else {
             return;
         };
-        let hasher = self.hasher.clone();
         let base = Arc::make_mut(&mut self.base);
         for (key, value) in overlay {
-            let shard = (hasher.hash_one(&key) >> (u64::BITS - SHARD_BITS)) as usize;
+            let shard = shard_index(&self.hasher, &key);
             match value {
                 Some(value) => {
                     base[shard].insert(key, value);

@@ -23,7 +23,7 @@
 
 use std::collections::BTreeMap;
 use std::fs::{self, File, OpenOptions};
-use std::io::{self, Write};
+use std::io;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -69,6 +69,12 @@ struct Segment {
 }
 
 impl Segment {
+    /// The index the next entry here must have (an empty segment, left by a failed first
+    /// write, expects its own first index): segments stay contiguous.
+    fn next_index(&self) -> u64 {
+        self.first_index + self.spans.len() as u64
+    }
+
     fn last_log_id(&self) -> Option<LogId> {
         self.spans.last().map(|span| span.log_id)
     }
@@ -79,6 +85,8 @@ struct State {
     segments: BTreeMap<u64, Segment>,
     /// Entries at or below this index are in a snapshot: never appended, never kept.
     purged_upto: Option<u64>,
+    /// The newest committed id written (replayed at open), if any.
+    committed: Option<Option<LogId>>,
 }
 
 /// The segmented log of one node.
@@ -106,27 +114,15 @@ fn lock_spare<T>(spare: &Mutex<T>) -> MutexGuard<'_, T> {
 
 /// A file of `bytes` zeros, fsynced, opened for reading and writing.
 fn zeroed_file(path: &Path, bytes: u64) -> io::Result<File> {
-    let mut file = OpenOptions::new()
+    let file = OpenOptions::new()
         .read(true)
         .write(true)
         .create(true)
         .truncate(true)
         .open(path)?;
-    let mut left = bytes;
-    while left > 0 {
-        let n = left.min(ZEROS.len() as u64);
-        file.write_all(&ZEROS[..n as usize])?;
-        left -= n;
-    }
+    write_zeros(&file, 0, bytes)?;
     file.sync_all()?;
     Ok(file)
-}
-
-/// What replay found besides the entries.
-pub(super) struct Replayed {
-    pub wal: Wal,
-    /// The newest committed id recorded, if any.
-    pub committed: Option<Option<LogId>>,
 }
 
 fn io_error(path: &Path, what: &str, source: io::Error) -> LogStoreError {
@@ -155,11 +151,14 @@ fn sync_dir(dir: &Path) -> Result<()> {
 
 /// Writes zeros over `[from, to)` of `file`.
 fn zero(file: &File, path: &Path, from: u64, to: u64) -> Result<()> {
+    write_zeros(file, from, to).map_err(|e| io_error(path, "zero", e))
+}
+
+fn write_zeros(file: &File, from: u64, to: u64) -> io::Result<()> {
     let mut at = from;
     while at < to {
         let n = (to - at).min(ZEROS.len() as u64);
-        file.write_all_at(&ZEROS[..n as usize], at)
-            .map_err(|e| io_error(path, "zero", e))?;
+        file.write_all_at(&ZEROS[..n as usize], at)?;
         at += n;
     }
     Ok(())
@@ -199,11 +198,7 @@ fn read_record(bytes: &[u8], at: usize) -> Option<(u8, &[u8], usize)> {
 impl Wal {
     /// Opens (or creates) the log in `dir`, replays it and drops segments wholly at or below
     /// `purged_upto`.
-    pub(super) fn open(
-        dir: &Path,
-        purged_upto: Option<u64>,
-        segment_bytes: u64,
-    ) -> Result<Replayed> {
+    pub(super) fn open(dir: &Path, purged_upto: Option<u64>, segment_bytes: u64) -> Result<Wal> {
         fs::create_dir_all(dir).map_err(|e| io_error(dir, "create directory", e))?;
         let mut firsts = Vec::new();
         for item in fs::read_dir(dir).map_err(|e| io_error(dir, "list", e))? {
@@ -236,6 +231,7 @@ impl Wal {
             state: Mutex::new(State {
                 segments,
                 purged_upto,
+                committed,
             }),
             spare: Mutex::new(None),
         };
@@ -243,8 +239,7 @@ impl Wal {
             let mut state = wal.lock();
             wal.drop_segments(&mut state, Order::OldestFirst, |segment| {
                 segment.spans.is_empty()
-                    || purged_upto
-                        .is_some_and(|p| segment.first_index + segment.spans.len() as u64 <= p + 1)
+                    || purged_upto.is_some_and(|p| segment.next_index() <= p + 1)
             })?;
             check_contiguous(dir, &state)?;
             if let (Some(purged), Some(first)) = (purged_upto, state.segments.keys().next()) {
@@ -256,7 +251,7 @@ impl Wal {
                 }
             }
         }
-        Ok(Replayed { wal, committed })
+        Ok(wal)
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -272,6 +267,11 @@ impl Wal {
         &self.dir
     }
 
+    /// The newest committed id written, if any (a hint: it may lag).
+    pub(super) fn committed(&self) -> Option<Option<LogId>> {
+        self.lock().committed
+    }
+
     pub(super) fn last_log_id(&self) -> Option<LogId> {
         self.lock()
             .segments
@@ -281,8 +281,13 @@ impl Wal {
     }
 
     /// Appends the entries past the purge point (they must continue the log: a hole is
-    /// refused) and the committed id, with one write and one fsync.
+    /// refused) and the committed id, with one write and one fsync. Entries at or below the
+    /// purge point are skipped: they are committed and in a snapshot, so by log matching
+    /// they are the entries that were purged (openraft's storage suite appends such).
     pub(super) fn append(&self, entries: &[Entry], committed: Option<Option<LogId>>) -> Result<()> {
+        if entries.is_empty() && committed.is_none() {
+            return Ok(());
+        }
         let (admitted, target) = {
             let state = self.lock();
             let purged = state.purged_upto;
@@ -291,11 +296,7 @@ impl Wal {
                 .filter(|entry| purged.is_none_or(|p| entry.log_id.index > p))
                 .collect();
             let last = state.segments.values().next_back();
-            // A segment always expects the index after its entries (an empty one, left by a
-            // failed first write, its own first index): segments stay contiguous.
-            let mut next = last
-                .map(|segment| segment.first_index + segment.spans.len() as u64)
-                .or(purged.map(|p| p + 1));
+            let mut next = last.map(Segment::next_index).or(purged.map(|p| p + 1));
             for entry in &admitted {
                 if let Some(expected_index) = next.filter(|want| *want != entry.log_id.index) {
                     return Err(LogStoreError::AppendGap {
@@ -355,6 +356,7 @@ impl Wal {
             }));
             segment.end = end + buf.len() as u64;
         }
+        state.committed = committed.or(state.committed);
         Ok(())
     }
 
@@ -442,7 +444,7 @@ impl Wal {
         };
         let mut entries = Vec::new();
         for segment in state.segments.values() {
-            let seg_end = segment.first_index + segment.spans.len() as u64;
+            let seg_end = segment.next_index();
             let lo = from.max(segment.first_index);
             let hi = to.map_or(seg_end, |to| to.min(seg_end));
             if lo >= hi {
@@ -513,7 +515,7 @@ impl Wal {
         // Oldest first: a crash part way leaves a log that starts late (open drops the
         // rest of what the durable purge point covers), never one with a hole.
         self.drop_segments(&mut state, Order::OldestFirst, |segment| {
-            segment.first_index + segment.spans.len() as u64 <= index + 1
+            segment.next_index() <= index + 1
         })
     }
 
@@ -625,7 +627,7 @@ fn check_contiguous(dir: &Path, state: &State) -> Result<()> {
                 ),
             ));
         }
-        expected = Some(segment.first_index + segment.spans.len() as u64);
+        expected = Some(segment.next_index());
     }
     Ok(())
 }

@@ -21,7 +21,7 @@ use std::sync::mpsc;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 
-use super::{append_durably, Disk, LogStoreError, Result};
+use super::{Disk, LogStoreError, Result};
 use crate::raft::{Entry, LogId};
 
 /// Durable entries kept in the tail beyond those still being written (for replication of
@@ -173,11 +173,11 @@ pub(super) struct Writer {
 }
 
 impl Writer {
-    pub(super) fn start(db: Arc<Disk>, tail: Arc<Mutex<Tail>>) -> io::Result<Self> {
+    pub(super) fn start(disk: Arc<Disk>, tail: Arc<Mutex<Tail>>) -> io::Result<Self> {
         let (jobs, queue) = mpsc::channel();
         let thread = std::thread::Builder::new()
             .name("raft-log-writer".to_owned())
-            .spawn(move || write_loop(&db, &tail, &queue))?;
+            .spawn(move || write_loop(&disk, &tail, &queue))?;
         Ok(Self {
             jobs: Some(jobs),
             thread: Some(thread),
@@ -212,12 +212,12 @@ pub(super) fn lock(tail: &Mutex<Tail>) -> MutexGuard<'_, Tail> {
         .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
-fn write_loop(db: &Disk, tail: &Mutex<Tail>, queue: &mpsc::Receiver<Job>) {
+fn write_loop(disk: &Disk, tail: &Mutex<Tail>, queue: &mpsc::Receiver<Job>) {
     let mut next = queue.recv().ok();
     while let Some(job) = next.take() {
         match job {
             Job::Other { work, done } => {
-                let _ = done.send(work(db));
+                let _ = done.send(work(disk));
             }
             Job::Append {
                 mut entries,
@@ -243,7 +243,7 @@ fn write_loop(db: &Disk, tail: &Mutex<Tail>, queue: &mpsc::Receiver<Job>) {
                         }
                     }
                 }
-                let result = append_durably(db, &entries, committed);
+                let result = disk.wal.append(&entries, committed);
                 if result.is_ok() {
                     let written: Vec<LogId> = entries.iter().map(|entry| entry.log_id).collect();
                     lock(tail).mark_durable(&written);
