@@ -29,6 +29,23 @@ pub fn encode<T: Serialize>(value: &T) -> Result<Vec<u8>, CodecError> {
     )?)
 }
 
+/// Encodes `value` behind `front_len` zero bytes (room for a header) into a buffer of
+/// exactly the final size: one pass counts the bytes, a second writes them. For large values
+/// (snapshots): growing a `Vec` by doubling holds the old and the new buffer at once and
+/// leaves up to half of the last one unused.
+///
+/// # Errors
+/// Only if serde refuses the value (never for the crate's own types).
+pub fn encode_exact<T: Serialize>(value: &T, front_len: usize) -> Result<Vec<u8>, CodecError> {
+    let config = bincode::config::standard();
+    let mut size = bincode::enc::write::SizeWriter::default();
+    bincode::serde::encode_into_writer(value, &mut size, config)?;
+    let mut bytes = vec![0u8; front_len + size.bytes_written];
+    let written = bincode::serde::encode_into_slice(value, &mut bytes[front_len..], config)?;
+    bytes.truncate(front_len + written);
+    Ok(bytes)
+}
+
 /// Decodes a whole buffer; trailing bytes are an error, not ignored.
 ///
 /// # Errors

@@ -59,7 +59,7 @@ struct SnapshotBodyRef<'a> {
 /// # Errors
 /// Only if the body cannot be encoded.
 pub fn encode(body: &SnapshotBody) -> Result<Vec<u8>, CodecError> {
-    Ok(seal(codec::encode(body)?))
+    sealed(body)
 }
 
 /// Encodes a snapshot straight from a live state (no copy of the state first); reads back
@@ -77,18 +77,19 @@ pub fn encode_live(
         membership,
         image: LiveImage(state),
     };
-    Ok(seal(codec::encode(&body)?))
+    sealed(&body)
 }
 
-/// Prepends the header (magic, version, length, CRC-32 of `payload`).
-fn seal(payload: Vec<u8>) -> Vec<u8> {
-    let mut bytes = Vec::with_capacity(HEADER_LEN + payload.len());
-    bytes.extend_from_slice(&MAGIC);
-    bytes.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
-    bytes.extend_from_slice(&(payload.len() as u64).to_le_bytes());
-    bytes.extend_from_slice(&crc32fast::hash(&payload).to_le_bytes());
-    bytes.extend_from_slice(&payload);
-    bytes
+/// Encodes `body` behind its header (magic, version, length, CRC-32 of the body), in one
+/// buffer of exactly the snapshot's size.
+fn sealed<T: Serialize>(body: &T) -> Result<Vec<u8>, CodecError> {
+    let mut bytes = codec::encode_exact(body, HEADER_LEN)?;
+    let (header, payload) = bytes.split_at_mut(HEADER_LEN);
+    header[0..4].copy_from_slice(&MAGIC);
+    header[4..8].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
+    header[8..16].copy_from_slice(&(payload.len() as u64).to_le_bytes());
+    header[16..20].copy_from_slice(&crc32fast::hash(payload).to_le_bytes());
+    Ok(bytes)
 }
 
 /// Decodes a snapshot, verifying magic, version, length and checksum first.

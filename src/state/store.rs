@@ -2,8 +2,9 @@
 //! and keeps the latest snapshot in sled.
 //!
 //! Applying never reads a clock (the entry carries the leader's time). A snapshot is the
-//! point-in-time state encoded under the lock on the blocking pool (no copy of the state),
-//! then written to sled; installing a snapshot replaces the state, it never merges into it.
+//! point-in-time state encoded from a frozen copy (no copy of the state), then written to
+//! sled in chunks ([`chunks`]); installing a snapshot replaces the state, it never merges into
+//! it.
 
 use std::io::Cursor;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -22,9 +23,10 @@ use crate::raft::{
 };
 use crate::snapshot::{self, SnapshotBody};
 
-/// The sled tree holding the latest snapshot under [`CURRENT_KEY`].
+mod chunks;
+
+/// The sled tree holding the latest snapshot (laid out by [`chunks`]).
 const SNAPSHOT_TREE: &str = "snapshots";
-const CURRENT_KEY: &[u8] = b"current";
 
 /// The state machine could not be opened.
 #[derive(Debug, thiserror::Error)]
@@ -35,6 +37,13 @@ pub enum StateStoreError {
     Snapshot(#[from] snapshot::SnapshotFormatError),
     #[error("stored snapshot metadata is unreadable: {0}")]
     Meta(#[from] codec::CodecError),
+    #[error(
+        "stored snapshot has {found_bytes} bytes in its chunks, its record says {expected_bytes}"
+    )]
+    Chunks {
+        expected_bytes: u64,
+        found_bytes: u64,
+    },
 }
 
 /// What the state machine has applied.
@@ -45,7 +54,8 @@ pub struct Applied {
     pub membership: StoredMembership,
 }
 
-/// The latest snapshot as stored in sled: metadata plus the encoded (checksummed) body.
+/// The latest snapshot: metadata plus the encoded (checksummed) body. (An older build
+/// stored it in sled as this one value; see [`chunks`].)
 #[derive(Serialize, Deserialize)]
 struct StoredSnapshot {
     meta: SnapshotMeta,
@@ -78,9 +88,9 @@ impl StateMachineStore {
     pub fn open(db: &sled::Db) -> Result<Self, StateStoreError> {
         let snapshots = db.open_tree(SNAPSHOT_TREE)?;
         let mut applied = Applied::default();
-        if let Some(bytes) = snapshots.get(CURRENT_KEY)? {
-            let stored: StoredSnapshot = codec::decode(&bytes)?;
+        if let Some(stored) = chunks::read(&snapshots)? {
             let body = snapshot::decode(&stored.data)?;
+            drop(stored);
             applied = applied_from_body(body);
             tracing::info!(last_applied = ?applied.last_applied, "state machine resumed from snapshot");
         }
@@ -105,27 +115,18 @@ impl StateMachineStore {
     }
 
     fn load_current(&self) -> Result<Option<StoredSnapshot>, StorageError> {
-        let bytes = self
-            .inner
-            .snapshots
-            .get(CURRENT_KEY)
-            .map_err(|e| StorageIOError::read_snapshot(None, &e))?;
-        bytes
-            .map(|bytes| {
-                codec::decode(&bytes).map_err(|e| StorageIOError::read_snapshot(None, &e).into())
-            })
-            .transpose()
+        chunks::read(&self.inner.snapshots)
+            .map_err(|e| StorageIOError::read_snapshot(None, &e).into())
     }
 
-    /// Writes `stored` as the current snapshot and flushes sled, off the async runtime.
-    async fn persist(&self, stored: &StoredSnapshot) -> Result<(), StorageError> {
-        let signature = stored.meta.signature();
-        let bytes = codec::encode(stored)
-            .map_err(|e| StorageIOError::write_snapshot(Some(signature.clone()), &e))?;
+    /// Writes `data` as the current snapshot and flushes sled, off the async runtime; hands
+    /// `data` back (it is moved to the blocking thread, not copied).
+    async fn persist(&self, meta: &SnapshotMeta, data: Vec<u8>) -> Result<Vec<u8>, StorageError> {
+        let signature = meta.signature();
         let inner = self.inner.clone();
+        let meta = meta.clone();
         let written = tokio::task::spawn_blocking(move || {
-            inner.snapshots.insert(CURRENT_KEY, bytes)?;
-            inner.db.flush().map(|_| ())
+            chunks::write(&inner.snapshots, &inner.db, &meta, &data).map(|()| data)
         })
         .await
         .map_err(|e| StorageIOError::write_snapshot(Some(signature.clone()), &e))?;
@@ -198,18 +199,17 @@ impl RaftSnapshotBuilder<TypeConfig> for StateMachineStore {
         };
         let data = data.map_err(|e| StorageIOError::write_snapshot(Some(meta.signature()), &e))?;
         let encoded_ms = started.elapsed().as_millis();
-        let stored = StoredSnapshot { meta, data };
-        self.persist(&stored).await?;
+        let data = self.persist(&meta, data).await?;
         tracing::info!(
-            snapshot_id = %stored.meta.snapshot_id,
-            size_bytes = stored.data.len(),
+            snapshot_id = %meta.snapshot_id,
+            size_bytes = data.len(),
             encoded_ms,
             stored_ms = started.elapsed().as_millis() - encoded_ms,
             "snapshot built"
         );
         Ok(Snapshot {
-            meta: stored.meta,
-            snapshot: Box::new(Cursor::new(stored.data)),
+            meta,
+            snapshot: Box::new(Cursor::new(data)),
         })
     }
 }
@@ -265,11 +265,8 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         let data = snapshot.into_inner();
         let body = snapshot::decode(&data)
             .map_err(|e| StorageIOError::read_snapshot(Some(meta.signature()), &e))?;
-        let stored = StoredSnapshot {
-            meta: meta.clone(),
-            data,
-        };
-        self.persist(&stored).await?;
+        // The bytes are stored, then let go before the state is built from the body.
+        drop(self.persist(meta, data).await?);
         let mut applied = applied_from_body(body);
         // The meta is authoritative for what the snapshot covers.
         applied.last_applied = meta.last_log_id;

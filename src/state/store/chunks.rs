@@ -1,0 +1,219 @@
+//! How the latest snapshot is laid out in its sled tree: a record (meta, generation,
+//! length) under [`CURRENT_KEY`] and the encoded bytes in [`CHUNK_BYTES`] pieces under
+//! [`chunk_key`].
+//!
+//! Stored as one value, an 82 MB snapshot was copied twice on its way in (into a
+//! `StoredSnapshot` encoding, then into sled's own buffer) while the encoded bytes were still
+//! held: the node's peak memory was its state plus three snapshots. In chunks, sled copies
+//! one megabyte at a time.
+//!
+//! A write puts the new generation's chunks first and the record last: sled recovers a
+//! prefix of its writes after a crash, so the record never names chunks that are not there.
+//! Chunks of any other generation are leftovers and are removed. An older build kept the
+//! meta and bytes as one value under [`LEGACY_KEY`]; it is read when no record exists and
+//! removed by the next write.
+
+use serde::{Deserialize, Serialize};
+
+use super::{StateStoreError, StoredSnapshot};
+use crate::codec;
+use crate::raft::SnapshotMeta;
+
+/// The record naming the current snapshot.
+const CURRENT_KEY: &[u8] = b"current-chunked";
+/// Where an older build kept the whole snapshot as one value.
+pub(super) const LEGACY_KEY: &[u8] = b"current";
+/// Every chunk key starts with this (it is not a prefix of either key above).
+const CHUNK_PREFIX: &[u8] = b"chunk/";
+/// Bytes per chunk.
+const CHUNK_BYTES: usize = 1 << 20;
+
+/// What [`CURRENT_KEY`] holds.
+#[derive(Serialize, Deserialize)]
+struct CurrentRecord {
+    meta: SnapshotMeta,
+    /// Tells this snapshot's chunks from a previous one's.
+    generation: u64,
+    len_bytes: u64,
+}
+
+fn generation_prefix(generation: u64) -> Vec<u8> {
+    let mut prefix = CHUNK_PREFIX.to_vec();
+    prefix.extend_from_slice(&generation.to_be_bytes());
+    prefix
+}
+
+/// Big-endian numbers, so a scan returns the chunks in order.
+fn chunk_key(generation: u64, index: u64) -> Vec<u8> {
+    let mut key = generation_prefix(generation);
+    key.extend_from_slice(&index.to_be_bytes());
+    key
+}
+
+fn read_record(tree: &sled::Tree) -> Result<Option<CurrentRecord>, StateStoreError> {
+    match tree.get(CURRENT_KEY)? {
+        Some(bytes) => Ok(Some(codec::decode(&bytes)?)),
+        None => Ok(None),
+    }
+}
+
+/// The current snapshot, if any.
+///
+/// # Errors
+/// When sled fails, the record does not decode, or the chunks do not add up to its length.
+pub(super) fn read(tree: &sled::Tree) -> Result<Option<StoredSnapshot>, StateStoreError> {
+    let Some(record) = read_record(tree)? else {
+        return match tree.get(LEGACY_KEY)? {
+            Some(bytes) => Ok(Some(codec::decode(&bytes)?)),
+            None => Ok(None),
+        };
+    };
+    let expected_bytes = record.len_bytes;
+    let mut data = Vec::with_capacity(usize::try_from(expected_bytes).unwrap_or(0));
+    for chunk in tree.scan_prefix(generation_prefix(record.generation)) {
+        let (_, chunk) = chunk?;
+        data.extend_from_slice(&chunk);
+    }
+    if data.len() as u64 != expected_bytes {
+        return Err(StateStoreError::Chunks {
+            expected_bytes,
+            found_bytes: data.len() as u64,
+        });
+    }
+    Ok(Some(StoredSnapshot {
+        meta: record.meta,
+        data,
+    }))
+}
+
+/// Makes `meta` and `data` the current snapshot and flushes sled.
+///
+/// # Errors
+/// When sled fails.
+pub(super) fn write(
+    tree: &sled::Tree,
+    db: &sled::Db,
+    meta: &SnapshotMeta,
+    data: &[u8],
+) -> Result<(), StateStoreError> {
+    let previous = read_record(tree)?.map(|record| record.generation);
+    remove_chunks_except(tree, previous)?;
+    let generation = previous.map_or(0, |generation| generation.wrapping_add(1));
+    for (index, chunk) in (0u64..).zip(data.chunks(CHUNK_BYTES)) {
+        tree.insert(chunk_key(generation, index), chunk)?;
+    }
+    let record = CurrentRecord {
+        meta: meta.clone(),
+        generation,
+        len_bytes: data.len() as u64,
+    };
+    tree.insert(CURRENT_KEY, codec::encode(&record)?)?;
+    tree.remove(LEGACY_KEY)?;
+    db.flush()?;
+    remove_chunks_except(tree, Some(generation))?;
+    Ok(())
+}
+
+/// Removes every chunk that does not belong to generation `keep`.
+fn remove_chunks_except(tree: &sled::Tree, keep: Option<u64>) -> Result<(), StateStoreError> {
+    let kept = keep.map(generation_prefix);
+    for item in tree.scan_prefix(CHUNK_PREFIX).keys() {
+        let key = item?;
+        if kept.as_ref().is_some_and(|kept| key.starts_with(kept)) {
+            continue;
+        }
+        tree.remove(key)?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn open() -> (tempfile::TempDir, sled::Db, sled::Tree) {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let db = sled::Config::new()
+            .path(dir.path().join("db"))
+            .open()
+            .expect("sled");
+        let tree = db.open_tree("snapshots").expect("tree");
+        (dir, db, tree)
+    }
+
+    fn meta(id: &str) -> SnapshotMeta {
+        SnapshotMeta {
+            last_log_id: None,
+            last_membership: Default::default(),
+            snapshot_id: id.to_owned(),
+        }
+    }
+
+    fn chunk_keys(tree: &sled::Tree) -> usize {
+        tree.scan_prefix(CHUNK_PREFIX).count()
+    }
+
+    #[test]
+    fn a_snapshot_reads_back_whole_and_replaces_the_one_before() {
+        let (_dir, db, tree) = open();
+        assert!(read(&tree).expect("read").is_none());
+        let big: Vec<u8> = (0..CHUNK_BYTES * 2 + 5).map(|i| (i % 251) as u8).collect();
+        write(&tree, &db, &meta("a"), &big).expect("write");
+        assert_eq!(chunk_keys(&tree), 3);
+        let stored = read(&tree).expect("read").expect("a snapshot");
+        assert_eq!(stored.meta.snapshot_id, "a");
+        assert_eq!(stored.data, big);
+
+        write(&tree, &db, &meta("b"), b"small").expect("write");
+        assert_eq!(chunk_keys(&tree), 1, "the older chunks are gone");
+        let stored = read(&tree).expect("read").expect("a snapshot");
+        assert_eq!(stored.meta.snapshot_id, "b");
+        assert_eq!(stored.data, b"small");
+    }
+
+    #[test]
+    fn an_older_builds_single_value_is_read_then_replaced() {
+        let (_dir, db, tree) = open();
+        let legacy = StoredSnapshot {
+            meta: meta("old"),
+            data: b"old bytes".to_vec(),
+        };
+        tree.insert(LEGACY_KEY, codec::encode(&legacy).expect("encode"))
+            .expect("insert");
+        let stored = read(&tree).expect("read").expect("a snapshot");
+        assert_eq!(stored.meta.snapshot_id, "old");
+        assert_eq!(stored.data, b"old bytes");
+
+        write(&tree, &db, &meta("new"), b"new bytes").expect("write");
+        assert!(tree.get(LEGACY_KEY).expect("get").is_none());
+        let stored = read(&tree).expect("read").expect("a snapshot");
+        assert_eq!(stored.data, b"new bytes");
+    }
+
+    #[test]
+    fn a_missing_chunk_is_refused_and_leftovers_are_cleared() {
+        let (_dir, db, tree) = open();
+        let data = vec![7u8; CHUNK_BYTES + 1];
+        write(&tree, &db, &meta("a"), &data).expect("write");
+        // A crash in the middle of the next write leaves chunks nobody names.
+        tree.insert(chunk_key(1, 0), &b"torn"[..]).expect("insert");
+        assert_eq!(read(&tree).expect("read").expect("a snapshot").data, data);
+
+        tree.remove(chunk_key(0, 1)).expect("remove");
+        assert!(matches!(
+            read(&tree),
+            Err(StateStoreError::Chunks {
+                expected_bytes,
+                found_bytes,
+            }) if expected_bytes == data.len() as u64 && found_bytes == CHUNK_BYTES as u64
+        ));
+
+        write(&tree, &db, &meta("b"), b"b").expect("write");
+        assert_eq!(
+            chunk_keys(&tree),
+            1,
+            "the leftover and the old chunk are gone"
+        );
+        assert_eq!(read(&tree).expect("read").expect("a snapshot").data, b"b");
+    }
+}
