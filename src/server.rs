@@ -152,6 +152,7 @@ pub async fn start(config: NodeConfig, listeners: Listeners) -> Result<RunningNo
         queue_depth_max: config.queue_depth_max,
         proposals_in_flight_max: config.proposals_in_flight_max,
         forwards_in_flight_max: config.forwards_in_flight_max,
+        linger: std::time::Duration::from_micros(config.batch_linger_us),
     };
     let proposer = Proposer::start(
         Arc::new(Router::new(config.node_id, raft.clone(), peers)),

@@ -44,6 +44,7 @@ pub struct ConfigFile {
     pub queue_depth_max: Option<usize>,
     pub proposals_in_flight_max: Option<usize>,
     pub forwards_in_flight_max: Option<usize>,
+    pub batch_linger_us: Option<u64>,
     pub snapshot_logs_since_last: Option<u64>,
     /// Log entries kept behind a snapshot, so a briefly lagging follower needs no snapshot.
     pub snapshot_logs_kept: Option<u64>,
@@ -85,9 +86,13 @@ impl Defaults {
     pub const QUEUE_DEPTH_MAX: usize = 16_384;
     pub const PROPOSALS_IN_FLIGHT_MAX: usize = 1;
     pub const FORWARDS_IN_FLIGHT_MAX: usize = 16;
+    pub const BATCH_LINGER_US: u64 = 1_000;
     pub const SNAPSHOT_LOGS_SINCE_LAST: u64 = 5_000;
     pub const SNAPSHOT_LOGS_KEPT: u64 = 1_000;
 }
+
+/// The longest a busy leader's batch may be told to wait (`batch_linger_us`).
+pub const BATCH_LINGER_US_MAX: u64 = 100_000;
 
 /// The longest call deadline the API accepts (SPEC section 9).
 pub const TIMEOUT_MS_MAX: u32 = 60_000;
@@ -135,6 +140,9 @@ pub struct NodeConfig {
     pub queue_depth_max: usize,
     pub proposals_in_flight_max: usize,
     pub forwards_in_flight_max: usize,
+    /// How long a busy leader's batch may wait for the callers the last entry answered
+    /// (0: never waits).
+    pub batch_linger_us: u64,
     pub snapshot_logs_since_last: u64,
     pub snapshot_logs_kept: u64,
     pub metrics_addr: Option<SocketAddr>,
@@ -257,6 +265,7 @@ impl NodeConfig {
                 file.proposals_in_flight_max,
                 Defaults::PROPOSALS_IN_FLIGHT_MAX,
             )?,
+            batch_linger_us: linger_us(file.batch_linger_us)?,
             snapshot_logs_since_last: file
                 .snapshot_logs_since_last
                 .unwrap_or(Defaults::SNAPSHOT_LOGS_SINCE_LAST)
@@ -286,6 +295,18 @@ fn positive(field: &str, value: Option<usize>, default: usize) -> Result<usize, 
         Some(0) => Err(invalid(field, "must be at least 1")),
         Some(v) => Ok(v),
         None => Ok(default),
+    }
+}
+
+/// At most [`BATCH_LINGER_US_MAX`]: a batch that waits longer only adds latency.
+fn linger_us(value: Option<u64>) -> Result<u64, ConfigError> {
+    match value {
+        Some(v) if v > BATCH_LINGER_US_MAX => Err(invalid(
+            "batch_linger_us",
+            format!("must be at most {BATCH_LINGER_US_MAX} (0 turns it off)"),
+        )),
+        Some(v) => Ok(v),
+        None => Ok(Defaults::BATCH_LINGER_US),
     }
 }
 
@@ -362,5 +383,18 @@ raft_addr = "127.0.0.1:7201"
         assert!(err.contains("members[1].id"), "{err}");
         let unknown = format!("{MINIMAL}\nsurprise = 1\n");
         assert!(NodeConfig::from_toml(&unknown).is_err());
+    }
+
+    #[test]
+    fn batch_linger_defaults_turns_off_and_is_bounded() {
+        let with = |line: &str| MINIMAL.replace("data_dir", &format!("{line}\ndata_dir"));
+        let config = NodeConfig::from_toml(MINIMAL).expect("valid");
+        assert_eq!(config.batch_linger_us, Defaults::BATCH_LINGER_US);
+        let off = NodeConfig::from_toml(&with("batch_linger_us = 0")).expect("valid");
+        assert_eq!(off.batch_linger_us, 0);
+        let err = NodeConfig::from_toml(&with("batch_linger_us = 100001"))
+            .expect_err("too long")
+            .to_string();
+        assert!(err.contains("`batch_linger_us`"), "{err}");
     }
 }

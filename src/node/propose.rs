@@ -8,6 +8,13 @@
 //! `batch_commands_max`, `queue_depth_max`, `proposals_in_flight_max` (entries a leader
 //! proposes at once) and `forwards_in_flight_max` (batches a follower forwards at once) are
 //! named limits, and a full queue is an answer (overloaded), not an unbounded wait.
+//!
+//! A busy leader's batch also *lingers* (`batch_linger_us`, [`linger_target`]): callers
+//! that each wait for their answer before sending again split into two groups that take
+//! turns, because the callers one entry answers come back while the next entry, holding the
+//! other group, is already on its way. Waiting a moment for them merges the groups: at 64
+//! callers an entry carried ~48 hits instead of ~28, and the fleet spent 17 % less CPU per
+//! hit for the same hits/s (docs/benchmarks.md). A lone caller never lingers.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -24,6 +31,8 @@ use crate::state::{Answer, Command, FleetRequest};
 
 /// The retry hint given with an overloaded answer.
 const OVERLOADED_RETRY_AFTER_MS: u64 = 10;
+/// A leader's batch lingers only after an entry with at least this many commands.
+const LINGER_FROM_COMMANDS: usize = 2;
 
 /// One caller waiting in the queue: a local caller with one command, or a follower's
 /// forwarded batch with many (it stays one unit: one reply, no per-command channel).
@@ -42,6 +51,20 @@ pub struct BatchLimits {
     pub proposals_in_flight_max: usize,
     /// Batches this node forwards to the leader at once while it follows.
     pub forwards_in_flight_max: usize,
+    /// The longest a busy leader's batch waits for more commands ([`linger_target`]); zero:
+    /// never. The runtime's timer ticks in milliseconds, so a wait that runs out takes up
+    /// to a millisecond longer.
+    pub linger: Duration,
+}
+
+/// How many commands a leader's batch waits for before it leaves: those queued now, plus
+/// most of the previous entry's (its callers, answered, are on their way back). Zero, leave
+/// at once, when lingering is off or the previous entry was a lone command.
+fn linger_target(previous: usize, queued: usize, limits: &BatchLimits) -> usize {
+    if limits.linger.is_zero() || previous < LINGER_FROM_COMMANDS {
+        return 0;
+    }
+    (queued + previous * 7 / 8).min(limits.batch_commands_max)
 }
 
 /// The handle callers use; cheap to clone.
@@ -115,6 +138,8 @@ async fn run_batcher(
     let forward_slots = Arc::new(Semaphore::new(limits.forwards_in_flight_max));
     // A unit that did not fit the last batch starts the next one.
     let mut carried: Option<Queued> = None;
+    // Commands in the last entry this node proposed while leading.
+    let mut previous = 0;
     loop {
         let first = match carried.take() {
             Some(queued) => queued,
@@ -124,7 +149,8 @@ async fn run_batcher(
             },
         };
         // Commands queue up while the batch waits for a slot: that wait is the batching.
-        let slots = if router.is_leader() {
+        let leading = router.is_leader();
+        let slots = if leading {
             &write_slots
         } else {
             &forward_slots
@@ -132,24 +158,57 @@ async fn run_batcher(
         let Ok(slot) = slots.clone().acquire_owned().await else {
             return;
         };
-        let mut commands = first.commands.len();
-        let mut batch = vec![first];
-        while commands < limits.batch_commands_max {
-            let Ok(queued) = receiver.try_recv() else {
-                break;
-            };
-            if commands + queued.commands.len() > limits.batch_commands_max {
+        let mut batch = Batch::new(first, limits.batch_commands_max);
+        while let Ok(queued) = receiver.try_recv() {
+            if let Err(queued) = batch.admit(queued) {
                 carried = Some(queued);
                 break;
             }
-            commands += queued.commands.len();
-            batch.push(queued);
         }
+        if leading {
+            let target = linger_target(previous, batch.commands, &limits);
+            let until = Instant::now() + limits.linger;
+            while carried.is_none() && batch.commands < target {
+                let Ok(Some(queued)) = tokio::time::timeout_at(until, receiver.recv()).await else {
+                    break;
+                };
+                carried = batch.admit(queued).err();
+            }
+            previous = batch.commands;
+        }
+        let batch = batch.units;
         let router = router.clone();
         tokio::spawn(async move {
             router.commit_batch(batch).await;
             drop(slot);
         });
+    }
+}
+
+/// A batch being filled: its units and their commands, never more than `commands_max`.
+struct Batch {
+    units: Vec<Queued>,
+    commands: usize,
+    commands_max: usize,
+}
+
+impl Batch {
+    fn new(first: Queued, commands_max: usize) -> Self {
+        Self {
+            commands: first.commands.len(),
+            units: vec![first],
+            commands_max,
+        }
+    }
+
+    /// Adds `queued`, or gives it back when it would not fit.
+    fn admit(&mut self, queued: Queued) -> Result<(), Queued> {
+        if self.commands + queued.commands.len() > self.commands_max {
+            return Err(queued);
+        }
+        self.commands += queued.commands.len();
+        self.units.push(queued);
+        Ok(())
     }
 }
 
@@ -351,5 +410,56 @@ impl crate::raft::service::ProposalSink for Proposer {
     {
         let proposer = self.clone();
         Box::pin(async move { proposer.propose_all(request).await })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn limits(linger_us: u64) -> BatchLimits {
+        BatchLimits {
+            batch_commands_max: 100,
+            queue_depth_max: 1_000,
+            proposals_in_flight_max: 1,
+            forwards_in_flight_max: 16,
+            linger: Duration::from_micros(linger_us),
+        }
+    }
+
+    fn unit(commands: usize) -> Queued {
+        let command = Command::Reset { tenant: "t".into() };
+        Queued {
+            commands: vec![command; commands],
+            deadline: Instant::now(),
+            reply: oneshot::channel().0,
+        }
+    }
+
+    #[test]
+    fn a_lone_caller_or_no_linger_leaves_at_once() {
+        assert_eq!(linger_target(0, 1, &limits(1_000)), 0);
+        assert_eq!(linger_target(1, 1, &limits(1_000)), 0);
+        assert_eq!(linger_target(48, 20, &limits(0)), 0);
+    }
+
+    #[test]
+    fn a_busy_leader_waits_for_most_of_the_last_entry_on_top_of_the_queue() {
+        assert_eq!(linger_target(2, 1, &limits(1_000)), 2);
+        assert_eq!(linger_target(32, 30, &limits(1_000)), 58);
+        assert_eq!(
+            linger_target(96, 50, &limits(1_000)),
+            100,
+            "never past the batch limit"
+        );
+    }
+
+    #[test]
+    fn a_batch_never_takes_more_commands_than_its_limit() {
+        let mut batch = Batch::new(unit(60), 100);
+        assert!(batch.admit(unit(40)).is_ok());
+        let refused = batch.admit(unit(1)).expect_err("full");
+        assert_eq!(refused.commands.len(), 1, "the unit comes back whole");
+        assert_eq!((batch.units.len(), batch.commands), (2, 100));
     }
 }
