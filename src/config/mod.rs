@@ -85,13 +85,13 @@ impl Defaults {
     pub const BATCH_COMMANDS_MAX: usize = 512;
     pub const QUEUE_DEPTH_MAX: usize = 16_384;
     pub const PROPOSALS_IN_FLIGHT_MAX: usize = 1;
-    pub const FORWARDS_IN_FLIGHT_MAX: usize = 16;
+    pub const FORWARDS_IN_FLIGHT_MAX: usize = 2;
     pub const BATCH_LINGER_US: u64 = 1_000;
     pub const SNAPSHOT_LOGS_SINCE_LAST: u64 = 5_000;
     pub const SNAPSHOT_LOGS_KEPT: u64 = 1_000;
 }
 
-/// The longest a busy leader's batch may be told to wait (`batch_linger_us`).
+/// The longest a busy batch may be told to wait (`batch_linger_us`).
 pub const BATCH_LINGER_US_MAX: u64 = 100_000;
 
 /// The longest call deadline the API accepts (SPEC section 9).
@@ -140,8 +140,8 @@ pub struct NodeConfig {
     pub queue_depth_max: usize,
     pub proposals_in_flight_max: usize,
     pub forwards_in_flight_max: usize,
-    /// How long a busy leader's batch may wait for the callers the last entry answered
-    /// (0: never waits).
+    /// How long a busy batch may wait for the callers the last one answered (0: never
+    /// waits).
     pub batch_linger_us: u64,
     pub snapshot_logs_since_last: u64,
     pub snapshot_logs_kept: u64,

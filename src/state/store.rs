@@ -3,7 +3,7 @@
 //!
 //! Applying never reads a clock (the entry carries the leader's time). A snapshot is the
 //! point-in-time state encoded from a frozen copy (no copy of the state), then written to
-//! sled in chunks ([`chunks`]); installing a snapshot replaces the state, it never merges into
+//! sled in chunks (`chunks`); installing a snapshot replaces the state, it never merges into
 //! it.
 
 use std::io::Cursor;
