@@ -5,7 +5,6 @@
 //! (or, for node-local state, from the caller). Every replica that applies the same entries
 //! reaches the same state and the same answers.
 
-use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 use std::hash::Hash;
 use std::sync::Arc;
@@ -22,7 +21,7 @@ use super::shards::Sharded;
 const US_PER_MS: u64 = 1_000;
 
 /// Something that expires on its own: a bucket once its TAT passes, a claim at `expires_at`.
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Clone, Debug)]
 enum Expiring {
     // Shared with the map's key: one allocation per item, however often it is re-queued.
     Bucket(Arc<BucketKey>),
@@ -156,11 +155,11 @@ impl FleetState {
     /// leader's wall clock is behind the old one's.
     pub fn advance_clock(&mut self, now_us: u64) -> u64 {
         self.clock_us = self.clock_us.max(now_us);
-        while let Some(Reverse((deadline_us, _))) = self.expiry.peek() {
-            if *deadline_us > self.clock_us {
+        while let Some(due) = self.expiry.peek() {
+            if due.deadline_us > self.clock_us {
                 break;
             }
-            let Some(Reverse((deadline_us, item))) = self.expiry.pop() else {
+            let Some(Due { deadline_us, item }) = self.expiry.pop() else {
                 break;
             };
             self.sweep(deadline_us, item);
@@ -289,7 +288,39 @@ impl FleetState {
     }
 }
 
-type ExpiryQueue = BinaryHeap<Reverse<(u64, Expiring)>>;
+type ExpiryQueue = BinaryHeap<Due>;
+
+/// An entry of the expiry queue, ordered by its deadline alone, soonest first. Items due
+/// in the same microsecond are common (a log entry's claims share one): compared as
+/// `(deadline, item)` they were told apart key by key, string by string, at every step of
+/// the heap (`perf`: ~2.5 % of the fleet's CPU). Their order changes nothing, since each
+/// is swept on its own.
+#[derive(Clone, Debug)]
+struct Due {
+    deadline_us: u64,
+    item: Expiring,
+}
+
+impl PartialEq for Due {
+    fn eq(&self, other: &Self) -> bool {
+        self.deadline_us == other.deadline_us
+    }
+}
+
+impl Eq for Due {}
+
+impl PartialOrd for Due {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for Due {
+    /// Reversed: `BinaryHeap` pops the greatest, and the soonest deadline must come first.
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        other.deadline_us.cmp(&self.deadline_us)
+    }
+}
 
 /// Stores `value` under `key`; queues an expiry entry only for a new key or an earlier
 /// deadline (a later one is re-queued when the current entry pops, see [`sweep_one`]).
@@ -306,12 +337,18 @@ fn store<K: Hash + Eq, V: Clone>(
             slot.value = value;
             if deadline_us < slot.queued_us {
                 slot.queued_us = deadline_us;
-                expiry.push(Reverse((deadline_us, expiring(Arc::new(key)))));
+                expiry.push(Due {
+                    deadline_us,
+                    item: expiring(Arc::new(key)),
+                });
             }
         }
         None => {
             let key = Arc::new(key);
-            expiry.push(Reverse((deadline_us, expiring(Arc::clone(&key)))));
+            expiry.push(Due {
+                deadline_us,
+                item: expiring(Arc::clone(&key)),
+            });
             let slot = Slot {
                 value,
                 queued_us: deadline_us,
@@ -343,7 +380,10 @@ fn sweep_one<K: Hash + Eq, V: Clone>(
         map.remove(&*key);
     } else {
         slot.queued_us = current_us;
-        expiry.push(Reverse((current_us, expiring(key))));
+        expiry.push(Due {
+            deadline_us: current_us,
+            item: expiring(key),
+        });
     }
 }
 
