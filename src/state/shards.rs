@@ -13,29 +13,44 @@
 //! overlay back in once the frozen copy is gone. So a snapshot encodes without holding the
 //! state lock, apply goes on meanwhile, and the extra memory is only what changed during
 //! the encode.
+//!
+//! Every item keeps its key's hash, computed once when the key comes in: the shard, the
+//! lookup in it, the overlay and a table's growth all use it, where a `HashMap` per shard
+//! hashed the key again for each (a claim's three strings, ~5 times per claim per replica;
+//! `perf`: `ClaimKey::hash` was 5 % of the fleet's CPU, mostly rehashing while a shard grew).
 
 use std::borrow::Borrow;
-use std::collections::HashMap;
 use std::hash::{BuildHasher, Hash};
 use std::sync::Arc;
 
 use foldhash::fast::RandomState;
+use hashbrown::HashTable;
 
-/// Shards per map (a power of two: the shard is the top bits of the key's hash).
+/// Shards per map (a power of two).
 const SHARDS: usize = 64;
-const SHARD_BITS: u32 = SHARDS.trailing_zeros();
+/// The shard is six bits from the middle of the hash: a shard's table takes its slot from
+/// the low bits and its control bytes from the top seven, which must stay spread inside a
+/// shard.
+const SHARD_SHIFT: u32 = 40;
 
-type Shards<K, V> = Vec<HashMap<K, V, RandomState>>;
+/// One stored item and its key's hash.
+#[derive(Clone, Debug)]
+struct Item<K, V> {
+    hash: u64,
+    key: K,
+    value: V,
+}
+
+type Table<K, V> = HashTable<Item<K, V>>;
 
 /// A map of `K` to `V` in [`SHARDS`] shards; the subset of `HashMap`'s API the state uses.
 #[derive(Clone, Debug)]
 pub(super) struct Sharded<K, V> {
-    /// Picks the shard (each shard's map hashes again with its own seed).
     hasher: RandomState,
     /// Shared with a frozen copy while one exists; changed in place otherwise.
-    base: Arc<Shards<K, V>>,
+    base: Arc<Vec<Table<K, V>>>,
     /// While frozen: every change since, by key (`None`: removed).
-    overlay: Option<HashMap<K, Option<V>, RandomState>>,
+    overlay: Option<Table<K, Option<V>>>,
     len: usize,
 }
 
@@ -43,26 +58,25 @@ impl<K, V> Default for Sharded<K, V> {
     fn default() -> Self {
         Self {
             hasher: RandomState::default(),
-            base: Arc::new(
-                (0..SHARDS)
-                    .map(|_| HashMap::with_hasher(RandomState::default()))
-                    .collect(),
-            ),
+            base: Arc::new((0..SHARDS).map(|_| HashTable::new()).collect()),
             overlay: None,
             len: 0,
         }
     }
 }
 
-/// The shard of `key`: the top bits of its hash (each shard's own map hashes with another
-/// seed, so its buckets stay spread).
-fn shard_index<Q: Hash + ?Sized>(hasher: &RandomState, key: &Q) -> usize {
-    (hasher.hash_one(key) >> (u64::BITS - SHARD_BITS)) as usize
+fn shard_of(hash: u64) -> usize {
+    (hash >> SHARD_SHIFT) as usize & (SHARDS - 1)
+}
+
+/// The stored hash: what a table needs when it grows.
+fn stored_hash<K, V>(item: &Item<K, V>) -> u64 {
+    item.hash
 }
 
 impl<K: Hash + Eq + Clone, V: Clone> Sharded<K, V> {
-    fn shard_of<Q: Hash + ?Sized>(&self, key: &Q) -> usize {
-        shard_index(&self.hasher, key)
+    fn hash<Q: Hash + ?Sized>(&self, key: &Q) -> u64 {
+        self.hasher.hash_one(key)
     }
 
     pub(super) fn get<Q>(&self, key: &Q) -> Option<&V>
@@ -70,10 +84,17 @@ impl<K: Hash + Eq + Clone, V: Clone> Sharded<K, V> {
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
-        if let Some(changed) = self.overlay.as_ref().and_then(|overlay| overlay.get(key)) {
-            return changed.as_ref();
+        let hash = self.hash(key);
+        if let Some(changed) = self
+            .overlay
+            .as_ref()
+            .and_then(|overlay| overlay.find(hash, |item| item.key.borrow() == key))
+        {
+            return changed.value.as_ref();
         }
-        self.base[self.shard_of(key)].get(key)
+        self.base[shard_of(hash)]
+            .find(hash, |item| item.key.borrow() == key)
+            .map(|item| &item.value)
     }
 
     pub(super) fn get_mut<Q>(&mut self, key: &Q) -> Option<&mut V>
@@ -81,34 +102,64 @@ impl<K: Hash + Eq + Clone, V: Clone> Sharded<K, V> {
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
-        let shard = self.shard_of(key);
+        let hash = self.hash(key);
+        let shard = shard_of(hash);
         match &mut self.overlay {
             Some(overlay) => {
-                if !overlay.contains_key(key) {
+                if overlay
+                    .find(hash, |item| item.key.borrow() == key)
+                    .is_none()
+                {
                     // First change since the freeze: copy the item into the overlay.
-                    let (k, v) = self.base[shard].get_key_value(key)?;
-                    overlay.insert(k.clone(), Some(v.clone()));
+                    let item = self.base[shard].find(hash, |item| item.key.borrow() == key)?;
+                    let copy = Item {
+                        hash,
+                        key: item.key.clone(),
+                        value: Some(item.value.clone()),
+                    };
+                    overlay.insert_unique(hash, copy, stored_hash);
                 }
-                overlay.get_mut(key).and_then(Option::as_mut)
+                overlay
+                    .find_mut(hash, |item| item.key.borrow() == key)
+                    .and_then(|item| item.value.as_mut())
             }
-            None => Arc::make_mut(&mut self.base)[shard].get_mut(key),
+            None => Arc::make_mut(&mut self.base)[shard]
+                .find_mut(hash, |item| item.key.borrow() == key)
+                .map(|item| &mut item.value),
         }
     }
 
     /// Inserts or replaces; true when the key was not there.
     pub(super) fn insert(&mut self, key: K, value: V) -> bool {
-        let shard = self.shard_of(&key);
+        let hash = self.hash(&key);
+        let shard = shard_of(hash);
         let is_new = match &mut self.overlay {
             Some(overlay) => {
-                let in_base = self.base[shard].contains_key(&key);
-                match overlay.insert(key, Some(value)) {
-                    Some(changed) => changed.is_none(),
-                    None => !in_base,
+                let in_base = self.base[shard]
+                    .find(hash, |item| item.key == key)
+                    .is_some();
+                match overlay.find_mut(hash, |item| item.key == key) {
+                    Some(changed) => changed.value.replace(value).is_none(),
+                    None => {
+                        let value = Some(value);
+                        overlay.insert_unique(hash, Item { hash, key, value }, stored_hash);
+                        !in_base
+                    }
                 }
             }
-            None => Arc::make_mut(&mut self.base)[shard]
-                .insert(key, value)
-                .is_none(),
+            None => {
+                let table = &mut Arc::make_mut(&mut self.base)[shard];
+                match table.find_mut(hash, |item| item.key == key) {
+                    Some(item) => {
+                        item.value = value;
+                        false
+                    }
+                    None => {
+                        table.insert_unique(hash, Item { hash, key, value }, stored_hash);
+                        true
+                    }
+                }
+            }
         };
         if is_new {
             self.len += 1;
@@ -122,19 +173,29 @@ impl<K: Hash + Eq + Clone, V: Clone> Sharded<K, V> {
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
-        let shard = self.shard_of(key);
+        let hash = self.hash(key);
+        let shard = shard_of(hash);
         let removed = match &mut self.overlay {
-            Some(overlay) => match overlay.get_mut(key) {
-                Some(changed) => changed.take().is_some(),
-                None => match self.base[shard].get_key_value(key) {
-                    Some((k, _)) => {
-                        overlay.insert(k.clone(), None);
+            Some(overlay) => match overlay.find_mut(hash, |item| item.key.borrow() == key) {
+                Some(changed) => changed.value.take().is_some(),
+                None => match self.base[shard].find(hash, |item| item.key.borrow() == key) {
+                    Some(item) => {
+                        let key = item.key.clone();
+                        let tombstone = Item {
+                            hash,
+                            key,
+                            value: None,
+                        };
+                        overlay.insert_unique(hash, tombstone, stored_hash);
                         true
                     }
                     None => false,
                 },
             },
-            None => Arc::make_mut(&mut self.base)[shard].remove(key).is_some(),
+            None => Arc::make_mut(&mut self.base)[shard]
+                .find_entry(hash, |item| item.key.borrow() == key)
+                .map(|entry| entry.remove())
+                .is_ok(),
         };
         if removed {
             self.len -= 1;
@@ -156,11 +217,18 @@ impl<K: Hash + Eq + Clone, V: Clone> Sharded<K, V> {
             .base
             .iter()
             .flat_map(|shard| shard.iter())
-            .filter(move |(k, _)| overlay.is_none_or(|overlay| !overlay.contains_key(*k)));
+            .filter(move |item| {
+                overlay.is_none_or(|overlay| {
+                    overlay
+                        .find(item.hash, |changed| changed.key == item.key)
+                        .is_none()
+                })
+            })
+            .map(|item| (&item.key, &item.value));
         let changed = overlay
             .into_iter()
             .flat_map(|overlay| overlay.iter())
-            .filter_map(|(k, v)| v.as_ref().map(|v| (k, v)));
+            .filter_map(|item| item.value.as_ref().map(|value| (&item.key, value)));
         unchanged.chain(changed)
     }
 
@@ -169,7 +237,7 @@ impl<K: Hash + Eq + Clone, V: Clone> Sharded<K, V> {
     /// (copying the shards if that earlier frozen copy is still alive).
     pub(super) fn freeze(&mut self) -> Self {
         self.thaw();
-        self.overlay = Some(HashMap::with_hasher(RandomState::default()));
+        self.overlay = Some(HashTable::new());
         Self {
             hasher: self.hasher.clone(),
             base: Arc::clone(&self.base),
@@ -184,15 +252,18 @@ impl<K: Hash + Eq + Clone, V: Clone> Sharded<K, V> {
             return;
         };
         let base = Arc::make_mut(&mut self.base);
-        for (key, value) in overlay {
-            let shard = shard_index(&self.hasher, &key);
-            match value {
-                Some(value) => {
-                    base[shard].insert(key, value);
+        for Item { hash, key, value } in overlay {
+            let table = &mut base[shard_of(hash)];
+            let stored = table.find_entry(hash, |item| item.key == key);
+            match (stored, value) {
+                (Ok(mut stored), Some(value)) => stored.get_mut().value = value,
+                (Err(_), Some(value)) => {
+                    table.insert_unique(hash, Item { hash, key, value }, stored_hash);
                 }
-                None => {
-                    base[shard].remove(&key);
+                (Ok(stored), None) => {
+                    stored.remove();
                 }
+                (Err(_), None) => {}
             }
         }
     }
@@ -200,6 +271,7 @@ impl<K: Hash + Eq + Clone, V: Clone> Sharded<K, V> {
 
 #[cfg(test)]
 mod tests {
+    use std::collections::HashMap;
     use std::sync::Arc;
 
     use proptest::prelude::*;
@@ -276,7 +348,7 @@ mod tests {
         for key in 0..64_000u64 {
             map.insert(key, ());
         }
-        let sizes: Vec<usize> = map.base.iter().map(HashMap::len).collect();
+        let sizes: Vec<usize> = map.base.iter().map(HashTable::len).collect();
         assert!(sizes.iter().all(|n| (500..1_500).contains(n)), "{sizes:?}");
     }
 }
