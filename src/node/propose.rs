@@ -168,12 +168,20 @@ async fn run_batcher(
             }
         }
         let target = linger_target(previous, batch.commands, &limits);
-        let until = Instant::now() + limits.linger;
-        while carried.is_none() && batch.commands < target {
-            let Ok(Some(queued)) = tokio::time::timeout_at(until, receiver.recv()).await else {
-                break;
-            };
-            carried = batch.admit(queued).err();
+        if carried.is_none() && batch.commands < target {
+            // One timer for the whole wait, not one per arrival.
+            let linger = tokio::time::sleep(limits.linger);
+            tokio::pin!(linger);
+            while carried.is_none() && batch.commands < target {
+                let queued = tokio::select! {
+                    queued = receiver.recv() => queued,
+                    () = &mut linger => None,
+                };
+                let Some(queued) = queued else {
+                    break;
+                };
+                carried = batch.admit(queued).err();
+            }
         }
         previous = batch.commands;
         let batch = batch.units;
