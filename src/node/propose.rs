@@ -172,16 +172,21 @@ async fn run_batcher(
             // One timer for the whole wait, not one per arrival.
             let linger = tokio::time::sleep(limits.linger);
             tokio::pin!(linger);
+            let mut outcome = "filled";
             while carried.is_none() && batch.commands < target {
                 let queued = tokio::select! {
                     queued = receiver.recv() => queued,
-                    () = &mut linger => None,
+                    () = &mut linger => {
+                        outcome = "expired";
+                        None
+                    }
                 };
                 let Some(queued) = queued else {
                     break;
                 };
                 carried = batch.admit(queued).err();
             }
+            metrics::counter!("ankusa_batch_lingers_total", "outcome" => outcome).increment(1);
         }
         previous = batch.commands;
         let batch = batch.units;
