@@ -15,8 +15,8 @@
 //! group, is already on its way. Waiting a moment for them merges the groups. On the leader
 //! that took an entry at 64 callers from ~28 hits to ~48 and the CPU per hit down 17 %; on
 //! followers, with two forwards in flight instead of 16, a forward went from ~1.2 commands
-//! to a share of the entry and the CPU per hit down a further 6-15 %
-//! (docs/benchmarks.md). A lone caller never lingers.
+//! to ~9.6 and the CPU per hit down a further 6-12 % (docs/benchmarks.md). A lone caller
+//! never lingers.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
