@@ -19,7 +19,8 @@
 //! 5. The answers travel back the same way, one per caller, marked `DECIDED_BY_FLEET`.
 //!
 //! Snapshots ([`snapshot`]) encode a frozen point-in-time copy of the state off the async
-//! runtime, while apply goes on, and are kept in sled; a restarting node loads its snapshot and replays the log after it.
+//! runtime, while apply goes on, and are kept in sled; a restarting node loads its snapshot
+//! and replays the log after it.
 
 // openraft's trait signatures fix `StorageError`/`RaftError` (over 128 bytes) as the error
 // types of the storage and network paths; boxing them locally would only add copies.

@@ -912,10 +912,7 @@ mod tests {
         let (_dir, path) = scratch();
         let entries: Vec<Entry> = (0..4).map(|index| request_entry(1, index)).collect();
         {
-            let store = LogStore::open(&path).expect("open");
-            for entry in &entries {
-                write_legacy(&store, entry.log_id.index, entry);
-            }
+            let store = open_with_legacy_entries(&path, &entries);
             let committed = Some(log_id(1, 2));
             store_meta(
                 &store.disk.db,
@@ -957,10 +954,7 @@ mod tests {
         let (_dir, path) = scratch();
         let entries: Vec<Entry> = (0..10).map(|index| request_entry(1, index)).collect();
         {
-            let store = LogStore::open(&path).expect("open");
-            for entry in &entries {
-                write_legacy(&store, entry.log_id.index, entry);
-            }
+            let store = open_with_legacy_entries(&path, &entries);
             store.disk.wal.append(&entries[..5], None).expect("prefix");
         }
         let mut store = LogStore::open(&path).expect("reopen");
@@ -969,10 +963,7 @@ mod tests {
 
         let (_dir, path) = scratch();
         {
-            let store = LogStore::open(&path).expect("open");
-            for entry in &entries {
-                write_legacy(&store, entry.log_id.index, entry);
-            }
+            let store = open_with_legacy_entries(&path, &entries);
             let other_term: Vec<Entry> = (0..3).map(|index| request_entry(2, index)).collect();
             store.disk.wal.append(&other_term, None).expect("prefix");
         }
@@ -981,6 +972,15 @@ mod tests {
             refused.to_string().contains("not the old redb log's entry"),
             "{refused}"
         );
+    }
+
+    /// A store whose redb log table holds `entries` (as an older build left it).
+    fn open_with_legacy_entries(path: &Path, entries: &[Entry]) -> LogStore {
+        let store = LogStore::open(path).expect("open");
+        for entry in entries {
+            write_legacy(&store, entry.log_id.index, entry);
+        }
+        store
     }
 
     fn write_legacy(store: &LogStore, index: u64, entry: &Entry) {

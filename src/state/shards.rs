@@ -134,19 +134,17 @@ impl<K: Hash + Eq + Clone, V: Clone> Sharded<K, V> {
         let hash = self.hash(&key);
         let shard = shard_of(hash);
         let is_new = match &mut self.overlay {
-            Some(overlay) => {
-                let in_base = self.base[shard]
-                    .find(hash, |item| item.key == key)
-                    .is_some();
-                match overlay.find_mut(hash, |item| item.key == key) {
-                    Some(changed) => changed.value.replace(value).is_none(),
-                    None => {
-                        let value = Some(value);
-                        overlay.insert_unique(hash, Item { hash, key, value }, stored_hash);
-                        !in_base
-                    }
+            Some(overlay) => match overlay.find_mut(hash, |item| item.key == key) {
+                Some(changed) => changed.value.replace(value).is_none(),
+                None => {
+                    let in_base = self.base[shard]
+                        .find(hash, |item| item.key == key)
+                        .is_some();
+                    let value = Some(value);
+                    overlay.insert_unique(hash, Item { hash, key, value }, stored_hash);
+                    !in_base
                 }
-            }
+            },
             None => {
                 let table = &mut Arc::make_mut(&mut self.base)[shard];
                 match table.find_mut(hash, |item| item.key == key) {
