@@ -1,5 +1,6 @@
 //! The shortest path through a real fleet: three processes elect a leader, a hit through a
-//! follower is committed and its claim is visible from every node.
+//! follower is committed, its claim is visible from every node, and the commit path's
+//! timings show on the nodes' metrics pages.
 
 mod common;
 
@@ -39,5 +40,22 @@ async fn a_hit_through_a_follower_is_seen_by_every_node() {
         )
         .await;
         assert_eq!(answer, Outcome::Duplicate("hook-a".to_owned()), "node {id}");
+    }
+
+    tracing::info!("--- the commit path's timings are on both nodes' metrics pages");
+    let follower_commits = r#"ankusa_commit_seconds_count{role="follower"}"#;
+    let leader_commits = r#"ankusa_commit_seconds_count{role="leader"}"#;
+    for (id, name) in [
+        (follower, follower_commits),
+        (leader, leader_commits),
+        (follower, "ankusa_log_flush_seconds_count"),
+        (leader, "ankusa_log_flush_seconds_count"),
+    ] {
+        let fleet = &fleet;
+        fleet
+            .wait_for(&format!("{name} on node {id}"), || async move {
+                fleet.metric(id, name).await.filter(|count| *count >= 1.0)
+            })
+            .await;
     }
 }

@@ -183,6 +183,7 @@ async fn run_batcher(
         }
         let target = linger_target(previous, batch.commands, leading, &limits);
         if carried.is_none() && batch.commands < target {
+            let lingered_from = Instant::now();
             // One timer for the whole wait, not one per arrival.
             let linger = tokio::time::sleep(limits.linger);
             tokio::pin!(linger);
@@ -201,6 +202,8 @@ async fn run_batcher(
                 carried = batch.admit(queued).err();
             }
             metrics::counter!("ankusa_batch_lingers_total", "outcome" => outcome).increment(1);
+            metrics::histogram!("ankusa_batch_linger_seconds")
+                .record(lingered_from.elapsed().as_secs_f64());
         }
         previous = batch.commands;
         let batch = batch.units;
@@ -302,11 +305,20 @@ impl Router {
                     .collect::<Vec<_>>()
             };
             let leader = self.raft.metrics().borrow().current_leader;
+            let sent_at = Instant::now();
             let outcome = match leader {
                 Some(leader_id) if leader_id == self.node_id => {
-                    self.write_here(commands(), deadline).await
+                    let outcome = self.write_here(commands(), deadline).await;
+                    metrics::histogram!("ankusa_commit_seconds", "role" => "leader")
+                        .record(sent_at.elapsed().as_secs_f64());
+                    outcome
                 }
-                Some(leader_id) => self.forward(leader_id, commands(), deadline).await,
+                Some(leader_id) => {
+                    let outcome = self.forward(leader_id, commands(), deadline).await;
+                    metrics::histogram!("ankusa_commit_seconds", "role" => "follower")
+                        .record(sent_at.elapsed().as_secs_f64());
+                    outcome
+                }
                 None => Err(ProposeRefusal::NotLeader { leader_id: None }),
             };
             let outcome = match outcome {

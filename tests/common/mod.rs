@@ -47,6 +47,8 @@ pub struct NodeSpec {
     pub id: u64,
     pub api_addr: String,
     pub raft_addr: String,
+    /// Where the node serves Prometheus metrics (every test node does).
+    pub metrics_addr: String,
 }
 
 pub struct TestNode {
@@ -80,7 +82,7 @@ fn specs(ip: Ipv4Addr, ids: impl IntoIterator<Item = u64>, taken: &[NodeSpec]) -
         held.push(listener);
         if !taken
             .iter()
-            .any(|node| node.api_addr == addr || node.raft_addr == addr)
+            .any(|node| [&node.api_addr, &node.raft_addr, &node.metrics_addr].contains(&&addr))
         {
             return addr;
         }
@@ -90,6 +92,7 @@ fn specs(ip: Ipv4Addr, ids: impl IntoIterator<Item = u64>, taken: &[NodeSpec]) -
             id,
             api_addr: pick(),
             raft_addr: pick(),
+            metrics_addr: pick(),
         })
         .collect()
 }
@@ -101,10 +104,12 @@ fn config_text(
     extra: &str,
 ) -> String {
     let mut text = format!(
-        "node_id = {}\napi_addr = \"{}\"\nraft_addr = \"{}\"\ndata_dir = {:?}\n{extra}\n",
+        "node_id = {}\napi_addr = \"{}\"\nraft_addr = \"{}\"\nmetrics_addr = \"{}\"\n\
+         data_dir = {:?}\n{extra}\n",
         node.id,
         node.api_addr,
         node.raft_addr,
+        node.metrics_addr,
         data_dir.display().to_string()
     );
     for member in members {
@@ -175,6 +180,21 @@ impl Fleet {
 
     pub fn api_addr(&self, id: u64) -> String {
         self.nodes[&id].spec.api_addr.clone()
+    }
+
+    /// The value of the sample `name` (with its labels, as the exporter writes them) on node
+    /// `id`'s metrics page; `None` while the page or the sample is not there.
+    pub async fn metric(&self, id: u64, name: &str) -> Option<f64> {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let addr = &self.nodes[&id].spec.metrics_addr;
+        let mut stream = tokio::net::TcpStream::connect(addr).await.ok()?;
+        let request = format!("GET /metrics HTTP/1.0\r\nHost: {addr}\r\n\r\n");
+        stream.write_all(request.as_bytes()).await.ok()?;
+        let mut page = String::new();
+        stream.read_to_string(&mut page).await.ok()?;
+        page.lines()
+            .find_map(|line| line.strip_prefix(name)?.strip_prefix(' '))
+            .and_then(|value| value.trim().parse().ok())
     }
 
     pub async fn client(&self, id: u64) -> FleetClient<Channel> {

@@ -243,7 +243,10 @@ fn write_loop(disk: &Disk, tail: &Mutex<Tail>, queue: &mpsc::Receiver<Job>) {
                         }
                     }
                 }
+                let started = std::time::Instant::now();
                 let result = disk.wal.append(&entries, committed);
+                metrics::histogram!("ankusa_log_flush_seconds")
+                    .record(started.elapsed().as_secs_f64());
                 if result.is_ok() {
                     let written: Vec<LogId> = entries.iter().map(|entry| entry.log_id).collect();
                     lock(tail).mark_durable(&written);
