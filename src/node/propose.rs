@@ -305,17 +305,16 @@ impl Router {
                     .collect::<Vec<_>>()
             };
             let leader = self.raft.metrics().borrow().current_leader;
-            let sent_at = Instant::now();
             let outcome = match leader {
-                Some(leader_id) if leader_id == self.node_id => {
-                    let outcome = self.write_here(commands(), deadline).await;
-                    metrics::histogram!("ankusa_commit_seconds", "role" => "leader")
-                        .record(sent_at.elapsed().as_secs_f64());
-                    outcome
-                }
                 Some(leader_id) => {
-                    let outcome = self.forward(leader_id, commands(), deadline).await;
-                    metrics::histogram!("ankusa_commit_seconds", "role" => "follower")
+                    let sent_at = Instant::now();
+                    let (role, outcome) = if leader_id == self.node_id {
+                        ("leader", self.write_here(commands(), deadline).await)
+                    } else {
+                        let outcome = self.forward(leader_id, commands(), deadline).await;
+                        ("follower", outcome)
+                    };
+                    metrics::histogram!("ankusa_commit_seconds", "role" => role)
                         .record(sent_at.elapsed().as_secs_f64());
                     outcome
                 }
