@@ -185,7 +185,7 @@ async fn run_batcher(
         if carried.is_none() && batch.commands < target {
             let lingered_from = Instant::now();
             // One timer for the whole wait, not one per arrival.
-            let linger = tokio::time::sleep(limits.linger);
+            let linger = tokio::time::sleep_until(lingered_from + limits.linger);
             tokio::pin!(linger);
             let mut outcome = "filled";
             while carried.is_none() && batch.commands < target {
@@ -205,6 +205,7 @@ async fn run_batcher(
             metrics::histogram!("ankusa_batch_linger_seconds")
                 .record(lingered_from.elapsed().as_secs_f64());
         }
+        metrics::histogram!("ankusa_batch_commands").record(batch.commands as f64);
         previous = batch.commands;
         let batch = batch.units;
         let router = router.clone();
@@ -288,8 +289,6 @@ impl Router {
     }
 
     async fn commit_batch(&self, mut batch: Vec<Queued>) {
-        let commands_in_batch: usize = batch.iter().map(|queued| queued.commands.len()).sum();
-        metrics::histogram!("ankusa_batch_commands").record(commands_in_batch as f64);
         loop {
             // Callers that gave up (answered locally at their deadline) are dropped before
             // every attempt: a command not yet sent must not take effect behind their back.

@@ -69,6 +69,15 @@ fn shard_of(hash: u64) -> usize {
     (hash >> SHARD_SHIFT) as usize & (SHARDS - 1)
 }
 
+/// Whether an item holds `key` (for the tables' `find`).
+fn holds<'a, K, V, Q>(key: &'a Q) -> impl Fn(&Item<K, V>) -> bool + 'a
+where
+    K: Borrow<Q>,
+    Q: Eq + ?Sized,
+{
+    move |item| item.key.borrow() == key
+}
+
 /// The stored hash: what a table needs when it grows.
 fn stored_hash<K, V>(item: &Item<K, V>) -> u64 {
     item.hash
@@ -88,12 +97,12 @@ impl<K: Hash + Eq + Clone, V: Clone> Sharded<K, V> {
         if let Some(changed) = self
             .overlay
             .as_ref()
-            .and_then(|overlay| overlay.find(hash, |item| item.key.borrow() == key))
+            .and_then(|overlay| overlay.find(hash, holds(key)))
         {
             return changed.value.as_ref();
         }
         self.base[shard_of(hash)]
-            .find(hash, |item| item.key.borrow() == key)
+            .find(hash, holds(key))
             .map(|item| &item.value)
     }
 
@@ -106,12 +115,9 @@ impl<K: Hash + Eq + Clone, V: Clone> Sharded<K, V> {
         let shard = shard_of(hash);
         match &mut self.overlay {
             Some(overlay) => {
-                if overlay
-                    .find(hash, |item| item.key.borrow() == key)
-                    .is_none()
-                {
+                if overlay.find(hash, holds(key)).is_none() {
                     // First change since the freeze: copy the item into the overlay.
-                    let item = self.base[shard].find(hash, |item| item.key.borrow() == key)?;
+                    let item = self.base[shard].find(hash, holds(key))?;
                     let copy = Item {
                         hash,
                         key: item.key.clone(),
@@ -120,11 +126,11 @@ impl<K: Hash + Eq + Clone, V: Clone> Sharded<K, V> {
                     overlay.insert_unique(hash, copy, stored_hash);
                 }
                 overlay
-                    .find_mut(hash, |item| item.key.borrow() == key)
+                    .find_mut(hash, holds(key))
                     .and_then(|item| item.value.as_mut())
             }
             None => Arc::make_mut(&mut self.base)[shard]
-                .find_mut(hash, |item| item.key.borrow() == key)
+                .find_mut(hash, holds(key))
                 .map(|item| &mut item.value),
         }
     }
@@ -134,12 +140,10 @@ impl<K: Hash + Eq + Clone, V: Clone> Sharded<K, V> {
         let hash = self.hash(&key);
         let shard = shard_of(hash);
         let is_new = match &mut self.overlay {
-            Some(overlay) => match overlay.find_mut(hash, |item| item.key == key) {
+            Some(overlay) => match overlay.find_mut(hash, holds(&key)) {
                 Some(changed) => changed.value.replace(value).is_none(),
                 None => {
-                    let in_base = self.base[shard]
-                        .find(hash, |item| item.key == key)
-                        .is_some();
+                    let in_base = self.base[shard].find(hash, holds(&key)).is_some();
                     let value = Some(value);
                     overlay.insert_unique(hash, Item { hash, key, value }, stored_hash);
                     !in_base
@@ -147,7 +151,7 @@ impl<K: Hash + Eq + Clone, V: Clone> Sharded<K, V> {
             },
             None => {
                 let table = &mut Arc::make_mut(&mut self.base)[shard];
-                match table.find_mut(hash, |item| item.key == key) {
+                match table.find_mut(hash, holds(&key)) {
                     Some(item) => {
                         item.value = value;
                         false
@@ -174,9 +178,9 @@ impl<K: Hash + Eq + Clone, V: Clone> Sharded<K, V> {
         let hash = self.hash(key);
         let shard = shard_of(hash);
         let removed = match &mut self.overlay {
-            Some(overlay) => match overlay.find_mut(hash, |item| item.key.borrow() == key) {
+            Some(overlay) => match overlay.find_mut(hash, holds(key)) {
                 Some(changed) => changed.value.take().is_some(),
-                None => match self.base[shard].find(hash, |item| item.key.borrow() == key) {
+                None => match self.base[shard].find(hash, holds(key)) {
                     Some(item) => {
                         let key = item.key.clone();
                         let tombstone = Item {
@@ -191,7 +195,7 @@ impl<K: Hash + Eq + Clone, V: Clone> Sharded<K, V> {
                 },
             },
             None => Arc::make_mut(&mut self.base)[shard]
-                .find_entry(hash, |item| item.key.borrow() == key)
+                .find_entry(hash, holds(key))
                 .map(|entry| entry.remove())
                 .is_ok(),
         };
@@ -216,11 +220,7 @@ impl<K: Hash + Eq + Clone, V: Clone> Sharded<K, V> {
             .iter()
             .flat_map(|shard| shard.iter())
             .filter(move |item| {
-                overlay.is_none_or(|overlay| {
-                    overlay
-                        .find(item.hash, |changed| changed.key == item.key)
-                        .is_none()
-                })
+                overlay.is_none_or(|overlay| overlay.find(item.hash, holds(&item.key)).is_none())
             })
             .map(|item| (&item.key, &item.value));
         let changed = overlay
@@ -252,7 +252,7 @@ impl<K: Hash + Eq + Clone, V: Clone> Sharded<K, V> {
         let base = Arc::make_mut(&mut self.base);
         for Item { hash, key, value } in overlay {
             let table = &mut base[shard_of(hash)];
-            let stored = table.find_entry(hash, |item| item.key == key);
+            let stored = table.find_entry(hash, holds(&key));
             match (stored, value) {
                 (Ok(mut stored), Some(value)) => stored.get_mut().value = value,
                 (Err(_), Some(value)) => {
