@@ -22,7 +22,7 @@ use crate::node::propose::{BatchLimits, Proposer, Router};
 use crate::node::{reconcile, Node, NodeParts};
 use crate::pb;
 use crate::raft::faults::Faults;
-use crate::raft::log_store::LogStore;
+use crate::raft::log_store::{DurableLog, LogStore};
 use crate::raft::network::PeerClients;
 use crate::raft::service::PeerService;
 use crate::raft::{MemberNode, Raft};
@@ -125,19 +125,29 @@ fn open_dir(path: &Path) -> Result<(), StartError> {
 /// not an error: the node starts and serves anyway.
 pub async fn start(config: NodeConfig, listeners: Listeners) -> Result<RunningNode, StartError> {
     open_dir(&config.data_dir)?;
-    let log_store = LogStore::open(&config.data_dir.join("raft-log.redb"))
-        .map_err(|e| StartError::LogStore(e.to_string()))?;
+    let faults = Faults::new(config.fault_injection);
+    let log_store = LogStore::open(
+        &config.data_dir.join("raft-log.redb"),
+        config.node_id,
+        faults.clone(),
+    )
+    .map_err(|e| StartError::LogStore(e.to_string()))?;
+    let durable = log_store.durable();
     let db = sled::Config::new()
         .path(config.data_dir.join("state.sled"))
         .cache_capacity(SLED_CACHE_BYTES)
         .open()?;
-    let state = StateMachineStore::open(&db)?;
+    let state = StateMachineStore::open(&db, durable.clone())?;
     let local = LocalEngine::open(
         &config.data_dir.join(crate::fallback::NODE_SCOPE_JOURNAL),
         config.node_id,
     )?;
-    let faults = Faults::new(config.fault_injection);
-    let peers = PeerClients::new(&config.cluster_id, config.node_id, faults.clone());
+    let peers = PeerClients::new(
+        &config.cluster_id,
+        config.node_id,
+        faults.clone(),
+        durable.clone(),
+    );
     let raft = Raft::new(
         config.node_id,
         Arc::new(raft_config(&config)?),
@@ -179,6 +189,7 @@ pub async fn start(config: NodeConfig, listeners: Listeners) -> Result<RunningNo
             &config,
             proposer,
             faults.clone(),
+            durable,
             listeners.raft,
             stopped.clone(),
         )),
@@ -253,10 +264,17 @@ fn serve_peers(
     config: &NodeConfig,
     proposer: Proposer,
     faults: Faults,
+    durable: DurableLog,
     listener: TcpListener,
     stopped: watch::Receiver<bool>,
 ) -> impl std::future::Future<Output = ()> + Send + 'static {
-    let service = PeerService::new(raft, config.cluster_id.clone(), Arc::new(proposer), faults);
+    let service = PeerService::new(
+        raft,
+        config.cluster_id.clone(),
+        Arc::new(proposer),
+        faults,
+        durable,
+    );
     let server = pb::internal::peer_server::PeerServer::new(service)
         .max_decoding_message_size(PEER_MESSAGE_BYTES_MAX)
         .max_encoding_message_size(PEER_MESSAGE_BYTES_MAX);

@@ -189,3 +189,78 @@ async fn restarting_every_node_twice_loses_no_answer() {
     tracing::info!("--- exactly the 2 tokens left pass");
     assert_budget_left(&fleet, 2, 2).await;
 }
+
+/// How long a hit waits for the fleet while the leader's log writer is held.
+const HELD_TIMEOUT_MS: u32 = 1_500;
+
+/// A leader reports its own entries to openraft before they are fsynced, so it replicates
+/// while it flushes (docs/storage.md, "The leader's early flush report"); nothing may show a
+/// commit before the leader's copy is on disk. Hold the leader's log writer (its appends
+/// stay in memory, unwritten, so a kill loses them as a power cut would): no hit may be
+/// answered by the fleet, and no follower may apply anything. Then kill the leader inside
+/// that window: every earlier answer must hold on every node, the restarted one included.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_killed_before_its_flush_has_answered_nothing() {
+    init_tracing();
+    let mut fleet = Fleet::start(3, "fault_injection = true").await;
+    let leader = fleet.wait_for_leader(&[1, 2, 3]).await;
+    let survivors: Vec<u64> = (1..=3).filter(|id| *id != leader).collect();
+
+    tracing::info!("--- commit claims through every node");
+    let committed = keys("durable", 12);
+    fleet.commit_claims(&[1, 2, 3], TENANT, &committed, 4).await;
+    let before = fleet.wait_for_applied_in_step(&[1, 2, 3]).await;
+
+    tracing::info!("--- hold the leader {leader}'s log writer; claim through it and a follower");
+    fleet.hold_log_writes(leader).await;
+    let held = keys("held", 2);
+    let calls = [(leader, &held[0]), (survivors[0], &held[1])].map(|(id, key)| {
+        let fleet = &fleet;
+        async move {
+            let mut client = fleet.client(id).await;
+            let mut request = hit(Vec::new(), Some(claim(TENANT, key, &hook_of(key))));
+            request.timeout_ms = HELD_TIMEOUT_MS;
+            (id, send_hit(&mut client, request).await)
+        }
+    });
+    for (id, (answer, decided_by)) in futures::future::join_all(calls).await {
+        if decided_by == pb::DecidedBy::Fleet as i32 {
+            fleet.fail(&format!(
+                "node {id} answered {answer:?} from the fleet while the leader's log was not on disk"
+            ));
+        }
+    }
+    for id in &survivors {
+        let applied = fleet.last_applied(*id).await;
+        if applied != Some(before.last_applied) {
+            fleet.fail(&format!(
+                "follower {id} applied {applied:?} while the leader's log was held at {}",
+                before.last_applied
+            ));
+        }
+    }
+
+    tracing::info!("--- kill -9 the leader {leader} inside the window");
+    fleet.kill(leader);
+    let new_leader = wait_for_new_leader(&fleet, &survivors, leader).await;
+    for id in &survivors {
+        fleet.assert_duplicates(*id, TENANT, &committed, 4).await;
+    }
+    let after = keys("after", 6);
+    fleet.commit_claims(&survivors, TENANT, &after, 2).await;
+    let target = fleet
+        .last_applied(new_leader)
+        .await
+        .unwrap_or_else(|| fleet.fail("the new leader does not answer status"));
+
+    tracing::info!("--- restart {leader}: it lost its unwritten entries and catches up");
+    fleet.restart(leader);
+    fleet.wait_caught_up(leader, new_leader, target).await;
+    fleet.assert_duplicates(leader, TENANT, &committed, 4).await;
+    fleet.assert_duplicates(leader, TENANT, &after, 4).await;
+    let last = keys("last", 6);
+    fleet.commit_claims(&[1, 2, 3], TENANT, &last, 2).await;
+    for id in 1..=3 {
+        fleet.assert_duplicates(id, TENANT, &last, 4).await;
+    }
+}

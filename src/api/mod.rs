@@ -351,8 +351,9 @@ impl Admin for AdminService {
         &self,
         request: Request<SetFaultsRequest>,
     ) -> Result<Response<AdminResponse>, Status> {
+        let request = request.into_inner();
         let mut rules = std::collections::HashMap::new();
-        for (i, fault) in request.into_inner().faults.into_iter().enumerate() {
+        for (i, fault) in request.faults.into_iter().enumerate() {
             let rule = match pb::internal::FaultKind::try_from(fault.kind) {
                 Ok(pb::internal::FaultKind::Drop) => Fault::Drop,
                 Ok(pb::internal::FaultKind::Blackhole) => Fault::Blackhole,
@@ -370,8 +371,16 @@ impl Admin for AdminService {
         self.faults
             .set(rules)
             .map_err(Status::failed_precondition)?;
+        self.faults
+            .hold_log_writes(request.hold_log_writes)
+            .map_err(Status::failed_precondition)?;
+        let held = if request.hold_log_writes {
+            ", log writer held"
+        } else {
+            ""
+        };
         Ok(Response::new(AdminResponse {
-            message: format!("{count} fault rules set"),
+            message: format!("{count} fault rules set{held}"),
         }))
     }
 }

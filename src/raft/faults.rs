@@ -5,9 +5,13 @@
 //!
 //! A partition between A and B is a rule on each side; isolating a node is a rule for every
 //! peer on that node alone (it covers both directions there).
+//!
+//! One rule is about the disk, not the network: holding the log writer keeps appended
+//! entries in memory, neither written nor fsynced, until the hold is lifted. A node killed
+//! meanwhile loses them, as it would in a power cut.
 
 use std::collections::HashMap;
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Condvar, Mutex, RwLock};
 use std::time::Duration;
 
 use super::NodeId;
@@ -28,6 +32,8 @@ pub enum Fault {
 pub struct Faults {
     enabled: bool,
     rules: Arc<RwLock<HashMap<NodeId, Fault>>>,
+    /// Whether the log writer is held, and how it learns the hold was lifted.
+    log_hold: Arc<(Mutex<bool>, Condvar)>,
 }
 
 impl Faults {
@@ -36,6 +42,7 @@ impl Faults {
         Self {
             enabled,
             rules: Arc::default(),
+            log_hold: Arc::default(),
         }
     }
 
@@ -66,5 +73,36 @@ impl Faults {
             Err(poisoned) => poisoned.into_inner(),
         };
         rules.get(&peer).copied()
+    }
+
+    /// Holds (`true`) or releases the log writer: while held, appends wait in memory.
+    ///
+    /// # Errors
+    /// When fault injection is not enabled in this node's config.
+    pub fn hold_log_writes(&self, hold: bool) -> Result<(), &'static str> {
+        if !self.enabled {
+            return Err("fault injection is off (config key fault_injection)");
+        }
+        let (held, changed) = &*self.log_hold;
+        *held
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = hold;
+        changed.notify_all();
+        tracing::info!(hold, "log writer hold set");
+        Ok(())
+    }
+
+    /// Blocks the calling thread (the log writer) while the log writer is held.
+    pub fn wait_while_log_held(&self) {
+        if !self.enabled {
+            return;
+        }
+        let (held, changed) = &*self.log_hold;
+        let guard = held
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let _released = changed
+            .wait_while(guard, |held| *held)
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
     }
 }

@@ -9,7 +9,11 @@
 //! `truncate` and `purge` return, and `append`'s callback fires, only after the data is
 //! fsynced (the WAL's `fdatasync`, or a redb commit made with [`Durability::Immediate`]). Raft's
 //! safety rests on that: a vote or a log entry that a peer was told about must survive a
-//! crash. It must never leave a hole in the log either: appends that are not contiguous
+//! crash. One exception, on purpose: a leader's own new entries are reported at once, so
+//! it replicates them while it flushes them; what would make such an entry visible waits on
+//! the [`DurableLog`] mark instead, and a restarted leader never resumes its old term (see
+//! `append` and `read_vote` below, and docs/storage.md). It must never leave a hole in the
+//! log either: appends that are not contiguous
 //! with the stored log are refused (entries at or below the purge point are dropped, they
 //! are already in a snapshot), and reads check the indexes they return.
 //!
@@ -21,8 +25,11 @@
 //! Entries used to live in a redb table too (the `log` table); a store that still has rows
 //! there moves them into the WAL when it opens. docs/storage.md has the measured reasons.
 
+mod durable;
 mod wal;
 mod writer;
+
+pub use durable::{DurableLog, NotDurable};
 
 use std::fmt::Debug;
 use std::io;
@@ -37,6 +44,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use crate::codec::{decode, encode, CodecError};
+use crate::raft::faults::Faults;
 use crate::raft::{Entry, LogId, NodeId, StorageError, TypeConfig};
 
 /// Log index -> encoded [`Entry`]: where entries lived before the WAL; emptied into it at
@@ -135,6 +143,12 @@ pub struct LogStore {
     /// The latest committed id openraft reported, not yet written; the next append's
     /// transaction carries it to disk (see [`RaftLogStorage::save_committed`] below).
     committed: Arc<std::sync::Mutex<Option<Option<LogId>>>>,
+    /// This node's id: entries it appends as the current term's leader are its own.
+    node_id: NodeId,
+    /// The vote as last saved (or read at start-up).
+    vote: Arc<std::sync::Mutex<Option<Vote<NodeId>>>>,
+    /// How far the WAL is fsynced; moved by the writer.
+    mark: durable::DurableMark,
 }
 
 impl Debug for LogStore {
@@ -151,14 +165,21 @@ impl LogStore {
     /// Blocking (file IO, maybe a redb repair or a torn WAL append to clear after a crash):
     /// call it at start-up, before the node serves traffic, or from `spawn_blocking`.
     ///
+    /// `node_id` is this node's; `faults` may hold the writer in fault tests.
+    ///
     /// # Errors
     /// When a file cannot be opened or created, the redb file is already open in another
     /// process, or the WAL has a hole or an unreadable record before its last append.
-    pub fn open(path: &Path) -> Result<LogStore, LogStoreError> {
-        Self::open_with_segment_bytes(path, wal::SEGMENT_BYTES)
+    pub fn open(path: &Path, node_id: NodeId, faults: Faults) -> Result<LogStore, LogStoreError> {
+        Self::open_with_segment_bytes(path, node_id, faults, wal::SEGMENT_BYTES)
     }
 
-    fn open_with_segment_bytes(path: &Path, segment_bytes: u64) -> Result<LogStore> {
+    fn open_with_segment_bytes(
+        path: &Path,
+        node_id: NodeId,
+        faults: Faults,
+        segment_bytes: u64,
+    ) -> Result<LogStore> {
         let open_error = |source: Box<redb::Error>| LogStoreError::Open {
             path: path.to_path_buf(),
             source,
@@ -177,15 +198,41 @@ impl LogStore {
         let wal = wal::Wal::open(&path.with_extension("wal"), purged_upto, segment_bytes)?;
         let disk = Disk { db, wal };
         move_legacy_entries(&disk)?;
+        let mark = durable::DurableMark::new(log_state(&disk)?.last_log_id);
         let disk = Arc::new(disk);
         let tail = Arc::new(std::sync::Mutex::new(writer::Tail::new(purged_upto)));
-        let writer = writer::Writer::start(Arc::clone(&disk), Arc::clone(&tail))
-            .map_err(|source| LogStoreError::Writer { source })?;
+        let writer =
+            writer::Writer::start(Arc::clone(&disk), Arc::clone(&tail), mark.clone(), faults)
+                .map_err(|source| LogStoreError::Writer { source })?;
         Ok(LogStore {
             disk,
             tail,
             writer: Arc::new(writer),
             committed: Arc::default(),
+            node_id,
+            vote: Arc::default(),
+            mark,
+        })
+    }
+
+    /// How far this log is on disk: what the state machine and the peer traffic wait on.
+    pub fn durable(&self) -> DurableLog {
+        self.mark.reader()
+    }
+
+    /// Whether `entries` are this node's own, appended as the leader of the current term:
+    /// the vote is committed, names this node, and every entry carries its term. (One
+    /// leader per term, so an entry of that term was made here.) A follower's entries,
+    /// and a new leader's entries from older terms, never are.
+    fn appended_as_leader(&self, entries: &[Entry]) -> bool {
+        let vote = *lock_plain(&self.vote);
+        vote.is_some_and(|vote| {
+            let leader = vote.leader_id();
+            vote.is_committed()
+                && leader.voted_for() == Some(self.node_id)
+                && entries
+                    .iter()
+                    .all(|entry| entry.log_id.leader_id.term == leader.get_term())
         })
     }
 
@@ -223,6 +270,25 @@ impl LogStore {
             return Err(LogStoreError::WriterGone);
         }
         Ok(())
+    }
+
+    /// Appends `entries`; `notify` is told once they count as this node's copy: at once
+    /// (once queued) for the leader's own entries, after their fsync for any others.
+    fn append_entries(&self, entries: Vec<Entry>, notify: writer::OnDurable) -> Result<()> {
+        if !self.appended_as_leader(&entries) {
+            return self.append_then_notify(entries, notify);
+        }
+        // The writer logs a failed write and fails the durable mark.
+        match self.append_then_notify(entries, Box::new(|_| {})) {
+            Ok(()) => {
+                notify(Ok(()));
+                Ok(())
+            }
+            Err(e) => {
+                notify(Err(io::Error::other(e.to_string())));
+                Err(e)
+            }
+        }
     }
 
     /// Entries in `bounds`: the part at or above the tail's first index from the tail, the
@@ -280,16 +346,20 @@ impl LogStore {
     }
 
     fn committed_slot(&self) -> std::sync::MutexGuard<'_, Option<Option<LogId>>> {
-        // Only ever holds a plain value; a panic elsewhere cannot leave it half-written.
-        match self.committed.lock() {
-            Ok(guard) => guard,
-            Err(poisoned) => poisoned.into_inner(),
-        }
+        lock_plain(&self.committed)
     }
 
     fn take_committed(&self) -> Option<Option<LogId>> {
         self.committed_slot().take()
     }
+}
+
+/// Locks a mutex that only ever holds a plain value: a panic elsewhere cannot leave it
+/// half-written.
+fn lock_plain<T>(mutex: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 fn create_tables(db: &Database) -> Result<()> {
@@ -538,13 +608,32 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         let vote = *vote;
         self.write(move |disk| store_meta(&disk.db, VOTE_KEY, &vote, Durability::Immediate))
             .await
-            .map_err(|e| StorageIOError::write_vote(&e).into())
+            .map_err(|e| StorageIOError::<NodeId>::write_vote(&e))?;
+        *lock_plain(&self.vote) = Some(vote);
+        Ok(())
     }
 
+    /// The saved vote, except that a committed vote for this node comes back uncommitted.
+    /// openraft 0.9.25 restarts a node whose vote says it leads as that term's leader
+    /// (`Engine::startup`); but a leader's entries are replicated before they are durable
+    /// here, so after a crash it could append a different entry under a log id a follower
+    /// already holds. Uncommitted, the vote still says "I voted for myself in this term"
+    /// (so the node grants no other candidate that term), and the node must win a new term
+    /// before it leads again.
     async fn read_vote(&mut self) -> Result<Option<Vote<NodeId>>, StorageError> {
-        self.blocking(|disk| load_meta(&disk.db, VOTE_KEY))
+        let saved: Option<Vote<NodeId>> = self
+            .blocking(|disk| load_meta(&disk.db, VOTE_KEY))
             .await
-            .map_err(|e| StorageIOError::read_vote(&e).into())
+            .map_err(|e| StorageIOError::read_vote(&e))?;
+        let vote = saved.map(|vote| {
+            if vote.is_committed() && vote.leader_id().voted_for() == Some(self.node_id) {
+                Vote::new(vote.leader_id().get_term(), self.node_id)
+            } else {
+                vote
+            }
+        });
+        *lock_plain(&self.vote) = vote;
+        Ok(vote)
     }
 
     /// Kept in memory and written by the next append's transaction: no transaction of its
@@ -564,6 +653,12 @@ impl RaftLogStorage<TypeConfig> for LogStore {
 
     /// Returns once the entries are readable (in the tail) and queued; `callback` fires after
     /// their fsync. On failure the callback gets the error too, so no waiter hangs.
+    ///
+    /// Except for the leader's own entries (this node leads the current term and made
+    /// them): their callback fires at once, so openraft replicates them while the writer
+    /// flushes them. openraft then counts this node's copy before it is durable; what would
+    /// show the commit waits on [`LogStore::durable`] instead, and a failed write fails
+    /// those waits.
     async fn append<I>(
         &mut self,
         entries: I,
@@ -574,16 +669,21 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         I::IntoIter: OptionalSend,
     {
         let entries: Vec<Entry> = entries.into_iter().collect();
-        let on_durable = Box::new(move |result| callback.log_io_completed(result));
-        self.append_then_notify(entries, on_durable)
+        let notify = Box::new(move |result| callback.log_io_completed(result));
+        self.append_entries(entries, notify)
             .map_err(write_logs_error)
     }
 
     async fn truncate(&mut self, log_id: LogId) -> Result<(), StorageError> {
         writer::lock(&self.tail).truncate(log_id.index);
-        self.write(move |disk| truncate_durably(disk, log_id.index))
-            .await
-            .map_err(write_logs_error)
+        let mark = self.mark.clone();
+        self.write(move |disk| {
+            truncate_durably(disk, log_id.index)?;
+            mark.set(log_state(disk)?.last_log_id);
+            Ok(())
+        })
+        .await
+        .map_err(write_logs_error)
     }
 
     async fn purge(&mut self, log_id: LogId) -> Result<(), StorageError> {
@@ -608,6 +708,13 @@ mod tests {
     use super::*;
     use crate::raft::{MemberNode, Snapshot, SnapshotMeta, StoredMembership};
     use crate::state::{Command, FleetRequest, FleetResponse};
+
+    /// The node the tests' stores belong to.
+    const NODE: NodeId = 1;
+
+    fn open_store(path: &Path) -> Result<LogStore> {
+        LogStore::open(path, NODE, Faults::new(false))
+    }
 
     fn log_id(term: u64, index: u64) -> LogId {
         LogId::new(CommittedLeaderId::new(term, 0), index)
@@ -743,8 +850,7 @@ mod tests {
     impl StoreBuilder<TypeConfig, LogStore, MemStateMachine, TempDir> for TempDirBuilder {
         async fn build(&self) -> Result<(TempDir, LogStore, MemStateMachine), StorageError> {
             let dir = TempDir::new().map_err(|e| StorageIOError::write(&e))?;
-            let store =
-                LogStore::open(&dir.path().join("raft-log.redb")).map_err(write_logs_error)?;
+            let store = open_store(&dir.path().join("raft-log.redb")).map_err(write_logs_error)?;
             Ok((dir, store, MemStateMachine::default()))
         }
     }
@@ -760,7 +866,7 @@ mod tests {
         let mut entries = vec![membership_entry(1, 0)];
         entries.extend((1..=5).map(|index| request_entry(1, index)));
         {
-            let mut store = LogStore::open(&path).expect("open");
+            let mut store = open_store(&path).expect("open");
             store
                 .blocking_append(entries[..5].to_vec())
                 .await
@@ -776,7 +882,7 @@ mod tests {
                 .await
                 .expect("append");
         }
-        let mut store = LogStore::open(&path).expect("reopen");
+        let mut store = open_store(&path).expect("reopen");
         assert_eq!(
             store.read_vote().await.expect("vote"),
             Some(Vote::new(3, 7))
@@ -796,14 +902,14 @@ mod tests {
         let (_dir, path) = scratch();
         let entries: Vec<Entry> = (0..=5).map(|index| request_entry(1, index)).collect();
         {
-            let mut store = LogStore::open(&path).expect("open");
+            let mut store = open_store(&path).expect("open");
             store
                 .blocking_append(entries.clone())
                 .await
                 .expect("append");
             store.purge(log_id(1, 3)).await.expect("purge");
         }
-        let mut store = LogStore::open(&path).expect("reopen");
+        let mut store = open_store(&path).expect("reopen");
         let state = store.get_log_state().await.expect("state");
         assert_eq!(state.last_purged_log_id, Some(log_id(1, 3)));
         assert_eq!(state.last_log_id, Some(log_id(1, 5)));
@@ -814,7 +920,7 @@ mod tests {
 
         store.purge(log_id(1, 9)).await.expect("purge past the end");
         drop(store);
-        let mut store = LogStore::open(&path).expect("reopen");
+        let mut store = open_store(&path).expect("reopen");
         let state = store.get_log_state().await.expect("state");
         assert_eq!(state.last_purged_log_id, Some(log_id(1, 9)));
         assert_eq!(state.last_log_id, Some(log_id(1, 9)));
@@ -845,23 +951,134 @@ mod tests {
         }
     }
 
+    /// Tells `told` the entry's index once its append counts as this node's copy.
+    fn report(told: &std::sync::mpsc::Sender<u64>, index: u64) -> writer::OnDurable {
+        let told = told.clone();
+        Box::new(move |result: io::Result<()>| {
+            result.expect("append");
+            let _ = told.send(index);
+        })
+    }
+
+    /// While this node leads the current term, its own entries count as soon as they are
+    /// queued (the writer is held here, so they are not even written); an older term's
+    /// entry, and a follower's, count only after their fsync. The durable mark moves only
+    /// with the writer.
+    #[tokio::test]
+    async fn only_the_current_leaders_own_entries_are_reported_before_their_fsync() {
+        let (_dir, path) = scratch();
+        let faults = Faults::new(true);
+        let mut store = LogStore::open(&path, NODE, faults.clone()).expect("open");
+        let durable = store.durable();
+        let (told, heard) = std::sync::mpsc::channel();
+        let wait = std::time::Duration::from_secs(30);
+
+        store
+            .save_vote(&Vote::new_committed(2, NODE))
+            .await
+            .expect("vote");
+        faults.hold_log_writes(true).expect("hold");
+        store
+            .append_entries(vec![request_entry(1, 1)], report(&told, 1))
+            .expect("append an older term's entry");
+        store
+            .append_entries(vec![request_entry(2, 2)], report(&told, 2))
+            .expect("append its own entry");
+        assert_eq!(heard.try_recv().ok(), Some(2), "its own entry, at once");
+        assert!(
+            heard.try_recv().is_err(),
+            "the older entry waits for the writer"
+        );
+        assert_eq!(
+            durable.last(),
+            None,
+            "nothing is durable while the writer is held"
+        );
+        faults.hold_log_writes(false).expect("release");
+        assert_eq!(heard.recv_timeout(wait).ok(), Some(1));
+        durable.wait_for(2).await.expect("durable");
+        assert_eq!(durable.last(), Some(log_id(2, 2)));
+
+        store
+            .save_vote(&Vote::new_committed(3, 7))
+            .await
+            .expect("a follower's vote");
+        faults.hold_log_writes(true).expect("hold");
+        store
+            .append_entries(vec![request_entry(3, 3)], report(&told, 3))
+            .expect("append the leader's entry as a follower");
+        assert!(
+            heard.try_recv().is_err(),
+            "a follower's entry waits for the writer"
+        );
+        faults.hold_log_writes(false).expect("release");
+        assert_eq!(heard.recv_timeout(wait).ok(), Some(3));
+        assert_eq!(durable.last(), Some(log_id(3, 3)));
+    }
+
+    /// A committed vote for this node reads back uncommitted after a restart (the node must
+    /// win a new term before it leads again); anyone else's committed vote reads back as saved.
+    #[tokio::test]
+    async fn a_restarted_leader_does_not_resume_its_term() {
+        let (_dir, path) = scratch();
+        {
+            let mut store = open_store(&path).expect("open");
+            store
+                .save_vote(&Vote::new_committed(4, 7))
+                .await
+                .expect("vote");
+        }
+        let mut store = open_store(&path).expect("reopen");
+        assert_eq!(
+            store.read_vote().await.expect("read"),
+            Some(Vote::new_committed(4, 7))
+        );
+        store
+            .save_vote(&Vote::new_committed(5, NODE))
+            .await
+            .expect("vote");
+        drop(store);
+        let mut store = open_store(&path).expect("reopen");
+        assert_eq!(
+            store.read_vote().await.expect("read"),
+            Some(Vote::new(5, NODE))
+        );
+    }
+
+    /// Truncation moves the durable mark back to the last entry left, so a later entry at
+    /// the same index is not taken as durable before it is written.
+    #[tokio::test]
+    async fn truncation_moves_the_durable_mark_back() {
+        let (_dir, path) = scratch();
+        let mut store = open_store(&path).expect("open");
+        let durable = store.durable();
+        let entries: Vec<Entry> = (1..=5).map(|index| request_entry(1, index)).collect();
+        store.blocking_append(entries).await.expect("append");
+        assert_eq!(durable.last(), Some(log_id(1, 5)));
+        store.truncate(log_id(1, 3)).await.expect("truncate");
+        assert_eq!(durable.last(), Some(log_id(1, 2)));
+        drop(store);
+        let store = open_store(&path).expect("reopen");
+        assert_eq!(store.durable().last(), Some(log_id(1, 2)), "read at open");
+    }
+
     /// At the moment the callback fires, a byte copy of the files (what a crash right then
     /// would leave) already opens with the entries in it.
     #[tokio::test]
     async fn append_notifies_only_after_entries_survive_a_reopen() {
         let (dir, path) = scratch();
         let copy_path = dir.path().join("copy-at-callback.redb");
-        let store = LogStore::open(&path).expect("open");
+        let store = open_store(&path).expect("open");
         let entries: Vec<Entry> = (0..3).map(|index| request_entry(1, index)).collect();
         let (seen, seen_at_callback) = std::sync::mpsc::channel();
         let source = path.clone();
         store
-            .append_then_notify(
+            .append_entries(
                 entries.clone(),
                 Box::new(move |result| {
                     result.expect("append result");
                     copy_store(&source, &copy_path);
-                    let copy = LogStore::open(&copy_path).expect("open copy");
+                    let copy = open_store(&copy_path).expect("open copy");
                     let all = (Bound::Unbounded, Bound::Unbounded);
                     let _ = seen.send(read_entries(&copy.disk, all).expect("read copy"));
                 }),
@@ -876,7 +1093,7 @@ mod tests {
     #[tokio::test]
     async fn append_refuses_a_hole() {
         let (_dir, path) = scratch();
-        let mut store = LogStore::open(&path).expect("open");
+        let mut store = open_store(&path).expect("open");
         let first: Vec<Entry> = (0..=2).map(|index| request_entry(1, index)).collect();
         store.blocking_append(first.clone()).await.expect("append");
 
@@ -922,7 +1139,7 @@ mod tests {
             )
             .expect("committed");
         }
-        let mut store = LogStore::open(&path).expect("reopen");
+        let mut store = open_store(&path).expect("reopen");
         assert_eq!(store.try_get_log_entries(..).await.expect("read"), entries);
         assert_eq!(
             store.read_committed().await.expect("committed"),
@@ -938,13 +1155,13 @@ mod tests {
             .await
             .expect("append after the moved entries");
         drop(store);
-        let mut store = LogStore::open(&path).expect("reopen again");
+        let mut store = open_store(&path).expect("reopen again");
         assert_eq!(store.try_get_log_entries(..).await.expect("read").len(), 5);
 
         write_legacy(&store, 9, &request_entry(1, 9));
         write_legacy(&store, 11, &request_entry(1, 11));
         drop(store);
-        assert!(LogStore::open(&path).is_err(), "a hole in the old table");
+        assert!(open_store(&path).is_err(), "a hole in the old table");
     }
 
     /// A move that stopped part way (the WAL holds a prefix of the old table) goes on after
@@ -957,7 +1174,7 @@ mod tests {
             let store = open_with_legacy_entries(&path, &entries);
             store.disk.wal.append(&entries[..5], None).expect("prefix");
         }
-        let mut store = LogStore::open(&path).expect("reopen");
+        let mut store = open_store(&path).expect("reopen");
         assert_eq!(store.try_get_log_entries(..).await.expect("read"), entries);
         drop(store);
 
@@ -967,7 +1184,7 @@ mod tests {
             let other_term: Vec<Entry> = (0..3).map(|index| request_entry(2, index)).collect();
             store.disk.wal.append(&other_term, None).expect("prefix");
         }
-        let refused = LogStore::open(&path).expect_err("the WAL disagrees with the table");
+        let refused = open_store(&path).expect_err("the WAL disagrees with the table");
         assert!(
             refused.to_string().contains("not the old redb log's entry"),
             "{refused}"
@@ -976,7 +1193,7 @@ mod tests {
 
     /// A store whose redb log table holds `entries` (as an older build left it).
     fn open_with_legacy_entries(path: &Path, entries: &[Entry]) -> LogStore {
-        let store = LogStore::open(path).expect("open");
+        let store = open_store(path).expect("open");
         for entry in entries {
             write_legacy(&store, entry.log_id.index, entry);
         }
@@ -1002,7 +1219,8 @@ mod tests {
         let segments = || segment_files(&wal_dir).len();
         let entries: Vec<Entry> = (0..40).map(|index| request_entry(1, index)).collect();
         {
-            let mut store = LogStore::open_with_segment_bytes(&path, 256).expect("open");
+            let mut store = LogStore::open_with_segment_bytes(&path, NODE, Faults::new(false), 256)
+                .expect("open");
             for chunk in entries.chunks(3) {
                 store.blocking_append(chunk.to_vec()).await.expect("append");
             }
@@ -1019,7 +1237,8 @@ mod tests {
         }
         let before_purge = segments();
         {
-            let mut store = LogStore::open_with_segment_bytes(&path, 256).expect("reopen");
+            let mut store = LogStore::open_with_segment_bytes(&path, NODE, Faults::new(false), 256)
+                .expect("reopen");
             assert_eq!(store.try_get_log_entries(..).await.expect("read"), entries);
             store.purge(log_id(1, 20)).await.expect("purge");
             assert!(segments() < before_purge, "purge dropped whole segments");
@@ -1030,7 +1249,8 @@ mod tests {
                 .await
                 .expect("append after truncate");
         }
-        let mut store = LogStore::open_with_segment_bytes(&path, 256).expect("reopen");
+        let mut store = LogStore::open_with_segment_bytes(&path, NODE, Faults::new(false), 256)
+            .expect("reopen");
         let mut expected = entries[21..30].to_vec();
         expected.extend((30..35).map(|index| request_entry(2, index)));
         assert_eq!(store.try_get_log_entries(..).await.expect("read"), expected);
@@ -1048,7 +1268,8 @@ mod tests {
         let (_dir, path) = scratch();
         let wal_dir = path.with_extension("wal");
         let spare = wal_dir.join("next-segment.spare");
-        let mut store = LogStore::open_with_segment_bytes(&path, 256).expect("open");
+        let mut store =
+            LogStore::open_with_segment_bytes(&path, NODE, Faults::new(false), 256).expect("open");
         store
             .blocking_append(vec![request_entry(1, 0)])
             .await
@@ -1091,7 +1312,7 @@ mod tests {
         let wal_dir = path.with_extension("wal");
         let entries: Vec<Entry> = (0..6).map(|index| request_entry(1, index)).collect();
         {
-            let mut store = LogStore::open(&path).expect("open");
+            let mut store = open_store(&path).expect("open");
             store
                 .blocking_append(entries[..4].to_vec())
                 .await
@@ -1109,7 +1330,7 @@ mod tests {
         torn[used - 3] ^= 0xff;
         std::fs::write(&segment, &torn).expect("tear");
         {
-            let mut store = LogStore::open(&path).expect("open after the tear");
+            let mut store = open_store(&path).expect("open after the tear");
             assert_eq!(
                 store.try_get_log_entries(..).await.expect("read"),
                 entries[..5],
@@ -1120,7 +1341,7 @@ mod tests {
                 .await
                 .expect("append");
         }
-        let mut store = LogStore::open(&path).expect("reopen");
+        let mut store = open_store(&path).expect("reopen");
         let mut expected = entries[..5].to_vec();
         expected.push(request_entry(2, 5));
         assert_eq!(store.try_get_log_entries(..).await.expect("read"), expected);
@@ -1131,7 +1352,7 @@ mod tests {
         damaged[20] ^= 0xff;
         std::fs::write(&segment, &damaged).expect("damage");
         std::fs::write(wal_dir.join(format!("{:020}.wal", 6)), vec![0u8; 64]).expect("later");
-        assert!(LogStore::open(&path).is_err(), "a hole must not be served");
+        assert!(open_store(&path).is_err(), "a hole must not be served");
     }
 
     /// A record whose checksum holds but whose entry does not continue the log is no torn
@@ -1140,7 +1361,7 @@ mod tests {
     async fn a_sound_record_out_of_order_refuses_to_open() {
         let (_dir, path) = scratch();
         {
-            let mut store = LogStore::open(&path).expect("open");
+            let mut store = open_store(&path).expect("open");
             let entries: Vec<Entry> = (0..3).map(|index| request_entry(1, index)).collect();
             store.blocking_append(entries).await.expect("append");
         }
@@ -1152,7 +1373,7 @@ mod tests {
         wal::push_record(&mut record, wal::KIND_ENTRY, &misplaced).expect("record");
         bytes[used..used + record.len()].copy_from_slice(&record);
         std::fs::write(&segment, &bytes).expect("write");
-        let refused = LogStore::open(&path).expect_err("entry 7 after entry 2");
+        let refused = open_store(&path).expect_err("entry 7 after entry 2");
         assert!(
             refused.to_string().contains("entry 7 where 3 belongs"),
             "{refused}"
@@ -1162,7 +1383,7 @@ mod tests {
     #[tokio::test]
     async fn empty_and_inverted_ranges_read_nothing() {
         let (_dir, path) = scratch();
-        let mut store = LogStore::open(&path).expect("open");
+        let mut store = open_store(&path).expect("open");
         store
             .blocking_append(vec![request_entry(1, 0)])
             .await

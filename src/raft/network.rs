@@ -32,6 +32,7 @@ use tonic::transport::{Channel, Endpoint};
 use tonic::{Status, Streaming};
 
 use super::faults::{Fault, Faults};
+use super::log_store::DurableLog;
 use super::{MemberNode, NodeId, ProposeRequest, ProposeResponse, TypeConfig};
 use crate::codec;
 use crate::pb::internal::peer_client::PeerClient;
@@ -72,6 +73,8 @@ pub struct PeerClients {
     cluster_id: Arc<str>,
     from_node_id: NodeId,
     faults: Faults,
+    /// How far this node's log is fsynced: the commit index sent to followers never passes it.
+    durable: DurableLog,
     channels: Arc<Mutex<HashMap<String, PeerClient<Channel>>>>,
     links: Arc<Mutex<HashMap<String, LinkSlot>>>,
 }
@@ -220,11 +223,17 @@ fn refused(addr: String, status: &Status) -> PeerError {
 impl PeerClients {
     /// Clients that stamp `cluster_id` and our id on every call; `faults` are consulted
     /// before each call (see [`Faults`]).
-    pub fn new(cluster_id: &str, from_node_id: NodeId, faults: Faults) -> Self {
+    pub fn new(
+        cluster_id: &str,
+        from_node_id: NodeId,
+        faults: Faults,
+        durable: DurableLog,
+    ) -> Self {
         Self {
             cluster_id: Arc::from(cluster_id),
             from_node_id,
             faults,
+            durable,
             channels: Arc::new(Mutex::new(HashMap::new())),
             links: Arc::new(Mutex::new(HashMap::new())),
         }
@@ -473,11 +482,15 @@ impl PeerConnection {
 }
 
 impl RaftNetwork<TypeConfig> for PeerConnection {
+    /// Tells the follower a commit index no higher than this node's durable log: a leader
+    /// counts its own entries before they are fsynced, and a follower that applied an entry
+    /// the leader then lost in a crash would keep an answer the fleet forgot.
     async fn append_entries(
         &mut self,
-        rpc: AppendEntriesRequest<TypeConfig>,
+        mut rpc: AppendEntriesRequest<TypeConfig>,
         option: RPCOption,
     ) -> RpcResult<AppendEntriesResponse<NodeId>, openraft::error::Infallible> {
+        rpc.leader_commit = self.clients.durable.clamp_commit(rpc.leader_commit);
         self.rpc(PeerMethod::AppendEntries, &rpc, &option).await
     }
 

@@ -17,6 +17,7 @@ use serde::{Deserialize, Serialize};
 use super::model::FleetResponse;
 use super::rules::{self, FleetState};
 use crate::codec;
+use crate::raft::log_store::DurableLog;
 use crate::raft::{
     Entry, LogId, MemberNode, NodeId, Snapshot, SnapshotMeta, StorageError, StoredMembership,
     TypeConfig,
@@ -66,6 +67,8 @@ struct StoredSnapshot {
 }
 
 struct Inner {
+    /// How far this node's log is fsynced: nothing is applied beyond it.
+    durable: DurableLog,
     applied: Mutex<Applied>,
     snapshots: sled::Tree,
     db: sled::Db,
@@ -85,7 +88,8 @@ impl StateMachineStore {
     /// # Errors
     /// When sled fails or the stored snapshot fails its checksum (a node must not serve from
     /// a state it cannot trust).
-    pub fn open(db: &sled::Db) -> Result<Self, StateStoreError> {
+    /// Entries are applied only once `durable` says they are on this node's disk.
+    pub fn open(db: &sled::Db, durable: DurableLog) -> Result<Self, StateStoreError> {
         let snapshots = db.open_tree(SNAPSHOT_TREE)?;
         let mut applied = Applied::default();
         if let Some(stored) = chunks::read(&snapshots)? {
@@ -96,6 +100,7 @@ impl StateMachineStore {
         }
         Ok(Self {
             inner: Arc::new(Inner {
+                durable,
                 applied: Mutex::new(applied),
                 snapshots,
                 db: db.clone(),
@@ -222,12 +227,23 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         Ok((applied.last_applied, applied.membership.clone()))
     }
 
+    /// Waits until the entries are durable in this node's log first: a leader reports its
+    /// own entries to openraft before they are (see [`crate::raft::log_store`]), and an
+    /// applied entry is an answer, a snapshot and a local read.
     async fn apply<I>(&mut self, entries: I) -> Result<Vec<FleetResponse>, StorageError>
     where
         I: IntoIterator<Item = Entry> + Send,
     {
+        let entries: Vec<Entry> = entries.into_iter().collect();
+        if let Some(last) = entries.last() {
+            self.inner
+                .durable
+                .wait_for(last.log_id.index)
+                .await
+                .map_err(|e| StorageIOError::write_logs(&e))?;
+        }
         let mut applied = self.lock();
-        let mut responses = Vec::new();
+        let mut responses = Vec::with_capacity(entries.len());
         for entry in entries {
             applied.last_applied = Some(entry.log_id);
             let response = match entry.payload {
@@ -303,6 +319,40 @@ mod tests {
     struct StoredSnapshotAsSequence {
         meta: SnapshotMeta,
         data: Vec<u8>,
+    }
+
+    /// An entry is applied only once this node's log holds it durably: before the log has
+    /// it, `apply` stays pending; once it is appended and fsynced, it applies.
+    #[tokio::test]
+    async fn apply_waits_until_the_entries_are_durable_in_the_log() {
+        use futures::FutureExt;
+        use openraft::storage::RaftLogStorageExt;
+
+        use crate::raft::faults::Faults;
+        use crate::raft::log_store::LogStore;
+
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut log = LogStore::open(&dir.path().join("raft-log.redb"), 1, Faults::new(false))
+            .expect("open log");
+        let db = sled::Config::new()
+            .path(dir.path().join("state.sled"))
+            .open()
+            .expect("sled");
+        let mut state = StateMachineStore::open(&db, log.durable()).expect("open state");
+        let entry = Entry {
+            log_id: LogId::new(openraft::CommittedLeaderId::new(1, 1), 1),
+            payload: EntryPayload::Blank,
+        };
+        let mut apply = Box::pin(state.apply(vec![entry.clone()]));
+        assert!(
+            (&mut apply).now_or_never().is_none(),
+            "applied an entry the log does not hold"
+        );
+        log.blocking_append(vec![entry.clone()])
+            .await
+            .expect("append");
+        apply.await.expect("applied once durable");
+        assert_eq!(state.lock().last_applied, Some(entry.log_id));
     }
 
     #[test]

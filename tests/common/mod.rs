@@ -743,7 +743,6 @@ impl Fleet {
     /// Replaces node `id`'s transport fault rules (its config needs `fault_injection = true`);
     /// an empty list heals. A rule for peer P covers both directions at node `id`.
     pub async fn set_faults(&self, id: u64, faults: &[(u64, pb::internal::FaultKind)]) {
-        use pb::internal::admin_client::AdminClient;
         let request = pb::internal::SetFaultsRequest {
             faults: faults
                 .iter()
@@ -753,7 +752,23 @@ impl Fleet {
                     delay_ms: 0,
                 })
                 .collect(),
+            hold_log_writes: false,
         };
+        self.send_faults(id, request).await;
+    }
+
+    /// Holds node `id`'s log writer (its appends stay in memory, unwritten, so a kill loses
+    /// them) and clears its transport rules; [`Fleet::heal`] lifts the hold.
+    pub async fn hold_log_writes(&self, id: u64) {
+        let request = pb::internal::SetFaultsRequest {
+            faults: Vec::new(),
+            hold_log_writes: true,
+        };
+        self.send_faults(id, request).await;
+    }
+
+    async fn send_faults(&self, id: u64, request: pb::internal::SetFaultsRequest) {
+        use pb::internal::admin_client::AdminClient;
         let mut admin = AdminClient::connect(format!("http://{}", self.api_addr(id)))
             .await
             .unwrap_or_else(|e| self.fail(&format!("admin client for node {id}: {e}")));

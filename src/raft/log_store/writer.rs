@@ -7,12 +7,12 @@
 //! no redb transaction and no decoding. Truncation, purge and the vote go through the same
 //! queue, so nothing overtakes an append, and their callers wait for them to be durable.
 //!
-//! openraft 0.9.25 waits for the callback before it goes on (`RaftCore::append_to_log`), so
-//! an entry is never replicated before it is durable here, and only one append is queued at
-//! a time (consecutive queued appends would share one transaction). Safety relies on that
-//! wait: a later openraft that replicates before the local flush must be checked against
-//! this store (a leader restarted in the same term must not reuse a log id it never
-//! persisted).
+//! After every append the writer moves the [`DurableMark`] to the last entry it fsynced
+//! (before it calls the callbacks), and appends queued behind one share its fsync. openraft
+//! 0.9.25 waits for an append's callback before it replicates the entries
+//! (`RaftCore::append_to_log`); for a leader's own entries the log store calls it at once
+//! instead (see `LogStore::append`), so the leader's flush overlaps replication and
+//! several appends can be queued here at a time.
 
 use std::collections::BTreeMap;
 use std::io;
@@ -21,7 +21,9 @@ use std::sync::mpsc;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 
+use super::durable::DurableMark;
 use super::{Disk, LogStoreError, Result};
+use crate::raft::faults::Faults;
 use crate::raft::{Entry, LogId};
 
 /// Durable entries kept in the tail beyond those still being written (for replication of
@@ -173,11 +175,16 @@ pub(super) struct Writer {
 }
 
 impl Writer {
-    pub(super) fn start(disk: Arc<Disk>, tail: Arc<Mutex<Tail>>) -> io::Result<Self> {
+    pub(super) fn start(
+        disk: Arc<Disk>,
+        tail: Arc<Mutex<Tail>>,
+        mark: DurableMark,
+        faults: Faults,
+    ) -> io::Result<Self> {
         let (jobs, queue) = mpsc::channel();
         let thread = std::thread::Builder::new()
             .name("raft-log-writer".to_owned())
-            .spawn(move || write_loop(&disk, &tail, &queue))?;
+            .spawn(move || write_loop(&disk, &tail, &mark, &faults, &queue))?;
         Ok(Self {
             jobs: Some(jobs),
             thread: Some(thread),
@@ -212,7 +219,13 @@ pub(super) fn lock(tail: &Mutex<Tail>) -> MutexGuard<'_, Tail> {
         .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
-fn write_loop(disk: &Disk, tail: &Mutex<Tail>, queue: &mpsc::Receiver<Job>) {
+fn write_loop(
+    disk: &Disk,
+    tail: &Mutex<Tail>,
+    mark: &DurableMark,
+    faults: &Faults,
+    queue: &mpsc::Receiver<Job>,
+) {
     let mut next = queue.recv().ok();
     while let Some(job) = next.take() {
         match job {
@@ -243,13 +256,26 @@ fn write_loop(disk: &Disk, tail: &Mutex<Tail>, queue: &mpsc::Receiver<Job>) {
                         }
                     }
                 }
+                // Fault tests only: the entries stay in memory, unwritten, as if the power
+                // were about to go.
+                faults.wait_while_log_held();
                 let started = std::time::Instant::now();
                 let result = disk.wal.append(&entries, committed);
                 metrics::histogram!("ankusa_log_flush_seconds")
                     .record(started.elapsed().as_secs_f64());
-                if result.is_ok() {
-                    let written: Vec<LogId> = entries.iter().map(|entry| entry.log_id).collect();
-                    lock(tail).mark_durable(&written);
+                match &result {
+                    Ok(()) => {
+                        let written: Vec<LogId> =
+                            entries.iter().map(|entry| entry.log_id).collect();
+                        lock(tail).mark_durable(&written);
+                        if let Some(last) = written.last() {
+                            mark.set(Some(*last));
+                        }
+                    }
+                    Err(e) => {
+                        tracing::error!(error = %e, "raft log append failed");
+                        mark.fail(&e.to_string());
+                    }
                 }
                 let outcome = result.map_err(|e| io::Error::other(e.to_string()));
                 for done in callbacks {

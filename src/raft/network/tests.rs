@@ -135,7 +135,12 @@ async fn serve(mode: Mode) -> (Stub, String) {
 }
 
 fn clients() -> PeerClients {
-    PeerClients::new("test-cluster", 1, Faults::new(false))
+    PeerClients::new(
+        "test-cluster",
+        1,
+        Faults::new(false),
+        DurableLog::everything(),
+    )
 }
 
 const DEADLINE: Duration = Duration::from_secs(10);

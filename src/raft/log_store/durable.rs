@@ -1,0 +1,119 @@
+//! How far this node's log is on disk, for everything that must not run ahead of it.
+//!
+//! The log store reports a leader's own new entries to openraft before they are fsynced
+//! (so the leader replicates while it flushes; see docs/storage.md, "The leader's early
+//! flush report"). openraft then counts the leader's copy towards a quorum early, so
+//! nothing that makes a commit visible may trust openraft's idea of the leader's log; it
+//! waits on this mark instead:
+//! - the state machine applies an entry only once it is durable here (no answer, no
+//!   snapshot, no local read sees it before);
+//! - an `AppendEntries` tells a follower a commit index no higher than this mark;
+//! - a node answers an `AppendEntries` as holding entries only once they are durable here.
+
+use std::sync::Arc;
+
+use tokio::sync::watch;
+
+use crate::raft::LogId;
+
+/// The writer's latest word on the log.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Mark {
+    /// Every entry up to this log id is fsynced (`None`: the log is empty).
+    Upto(Option<LogId>),
+    /// A write failed: nothing after the last good mark will ever be durable.
+    Failed(Arc<str>),
+}
+
+/// Moves the mark: held by the log store and its writer thread.
+#[derive(Clone)]
+pub(super) struct DurableMark {
+    sender: Arc<watch::Sender<Mark>>,
+}
+
+impl DurableMark {
+    /// A mark at `last` (the log as it was found on disk).
+    pub(super) fn new(last: Option<LogId>) -> Self {
+        let (sender, _) = watch::channel(Mark::Upto(last));
+        Self {
+            sender: Arc::new(sender),
+        }
+    }
+
+    /// Everything up to `last` is durable now (after an append, or a truncation that cut
+    /// the log back to `last`). A failed mark stays failed.
+    pub(super) fn set(&self, last: Option<LogId>) {
+        self.sender.send_if_modified(|mark| match mark {
+            Mark::Upto(current) if *current != last => {
+                *current = last;
+                true
+            }
+            _ => false,
+        });
+    }
+
+    /// A write failed: every wait from now on fails with `reason`.
+    pub(super) fn fail(&self, reason: &str) {
+        self.sender.send_replace(Mark::Failed(Arc::from(reason)));
+    }
+
+    /// A read side for the state machine and the peer traffic.
+    pub(super) fn reader(&self) -> DurableLog {
+        DurableLog {
+            mark: self.sender.subscribe(),
+        }
+    }
+}
+
+/// The log writer failed: what has not been made durable never will be.
+#[derive(Clone, Debug, thiserror::Error)]
+#[error("the raft log could not be made durable: {0}")]
+pub struct NotDurable(Arc<str>);
+
+/// The read side of the durable mark (cheap to clone).
+#[derive(Clone, Debug)]
+pub struct DurableLog {
+    mark: watch::Receiver<Mark>,
+}
+
+impl DurableLog {
+    /// The last log id known to be on disk, if any and if no write has failed.
+    pub fn last(&self) -> Option<LogId> {
+        match &*self.mark.borrow() {
+            Mark::Upto(last) => *last,
+            Mark::Failed(_) => None,
+        }
+    }
+
+    /// Waits until the entry at `index` (and every one before it) is durable.
+    ///
+    /// # Errors
+    /// When a write failed first: that entry may never reach the disk.
+    pub async fn wait_for(&self, index: u64) -> Result<(), NotDurable> {
+        let mut mark = self.mark.clone();
+        let reached = mark
+            .wait_for(|mark| match mark {
+                Mark::Upto(last) => last.is_some_and(|last| last.index >= index),
+                Mark::Failed(_) => true,
+            })
+            .await;
+        match reached.as_deref() {
+            Ok(Mark::Upto(_)) => Ok(()),
+            Ok(Mark::Failed(reason)) => Err(NotDurable(Arc::clone(reason))),
+            Err(_) => Err(NotDurable(Arc::from("the log writer is gone"))),
+        }
+    }
+
+    /// The commit index a leader may tell its followers: `committed`, or the durable mark
+    /// if that is lower (both are ids in this node's own log, so they order by index).
+    pub fn clamp_commit(&self, committed: Option<LogId>) -> Option<LogId> {
+        committed.min(self.last())
+    }
+
+    /// A mark that is always far enough, for tests of code that takes one but writes no log.
+    #[cfg(test)]
+    pub(crate) fn everything() -> Self {
+        let last = LogId::new(openraft::CommittedLeaderId::new(u64::MAX, 0), u64::MAX);
+        DurableMark::new(Some(last)).reader()
+    }
+}
