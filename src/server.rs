@@ -22,7 +22,7 @@ use crate::node::propose::{BatchLimits, Proposer, Router};
 use crate::node::{reconcile, Node, NodeParts};
 use crate::pb;
 use crate::raft::faults::Faults;
-use crate::raft::log_store::{DurableLog, LogStore};
+use crate::raft::log_store::LogStore;
 use crate::raft::network::PeerClients;
 use crate::raft::service::PeerService;
 use crate::raft::{MemberNode, Raft};
@@ -142,12 +142,7 @@ pub async fn start(config: NodeConfig, listeners: Listeners) -> Result<RunningNo
         &config.data_dir.join(crate::fallback::NODE_SCOPE_JOURNAL),
         config.node_id,
     )?;
-    let peers = PeerClients::new(
-        &config.cluster_id,
-        config.node_id,
-        faults.clone(),
-        durable.clone(),
-    );
+    let peers = PeerClients::new(&config.cluster_id, config.node_id, faults.clone(), durable);
     let raft = Raft::new(
         config.node_id,
         Arc::new(raft_config(&config)?),
@@ -189,7 +184,6 @@ pub async fn start(config: NodeConfig, listeners: Listeners) -> Result<RunningNo
             &config,
             proposer,
             faults.clone(),
-            durable,
             listeners.raft,
             stopped.clone(),
         )),
@@ -264,17 +258,10 @@ fn serve_peers(
     config: &NodeConfig,
     proposer: Proposer,
     faults: Faults,
-    durable: DurableLog,
     listener: TcpListener,
     stopped: watch::Receiver<bool>,
 ) -> impl std::future::Future<Output = ()> + Send + 'static {
-    let service = PeerService::new(
-        raft,
-        config.cluster_id.clone(),
-        Arc::new(proposer),
-        faults,
-        durable,
-    );
+    let service = PeerService::new(raft, config.cluster_id.clone(), Arc::new(proposer), faults);
     let server = pb::internal::peer_server::PeerServer::new(service)
         .max_decoding_message_size(PEER_MESSAGE_BYTES_MAX)
         .max_encoding_message_size(PEER_MESSAGE_BYTES_MAX);

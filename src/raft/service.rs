@@ -12,7 +12,6 @@ use std::pin::Pin;
 use std::sync::Arc;
 
 use futures::Stream;
-use openraft::raft::{AppendEntriesRequest, AppendEntriesResponse};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use tokio::sync::mpsc;
@@ -20,8 +19,7 @@ use tokio_stream::wrappers::UnboundedReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
 use super::faults::{Fault, Faults};
-use super::log_store::DurableLog;
-use super::{NodeId, ProposeRequest, ProposeResponse, Raft, TypeConfig};
+use super::{NodeId, ProposeRequest, ProposeResponse, Raft};
 use crate::codec;
 use crate::pb::internal::peer_server::Peer;
 use crate::pb::internal::{PeerFrame, PeerMethod, RaftMessage};
@@ -42,56 +40,25 @@ pub struct PeerService {
     cluster_id: Arc<str>,
     proposals: Arc<dyn ProposalSink>,
     faults: Faults,
-    /// How far this node's log is fsynced (see [`PeerService::append_entries`]).
-    durable: DurableLog,
 }
 
 /// The answers an `Exchange` stream sends back.
 type FrameStream = Pin<Box<dyn Stream<Item = Result<PeerFrame, Status>> + Send>>;
 
 impl PeerService {
-    /// Serves `raft` to peers of `cluster_id`; `durable` is this node's log's durable mark.
+    /// Serves `raft` to peers of `cluster_id`.
     pub fn new(
         raft: Raft,
         cluster_id: String,
         proposals: Arc<dyn ProposalSink>,
         faults: Faults,
-        durable: DurableLog,
     ) -> Self {
         Self {
             raft,
             cluster_id: Arc::from(cluster_id),
             proposals,
             faults,
-            durable,
         }
-    }
-
-    /// Hands an `AppendEntries` to Raft; a success goes back only once the entries it
-    /// vouches for are durable here. openraft answers as soon as the log holds them, which
-    /// for entries this node appended while it led (reported before their fsync, see
-    /// [`crate::raft::log_store`]) can be before they reach the disk; the new leader
-    /// would count that copy towards a quorum.
-    async fn append_entries(&self, payload: &[u8]) -> Result<Vec<u8>, Status> {
-        let request: AppendEntriesRequest<TypeConfig> = open(payload)?;
-        let vouched = request
-            .entries
-            .last()
-            .map(|entry| entry.log_id)
-            .or(request.prev_log_id);
-        let answer = self.raft.append_entries(request).await;
-        let holds = match &answer {
-            Ok(AppendEntriesResponse::Success) => vouched,
-            Ok(AppendEntriesResponse::PartialSuccess(matching)) => *matching,
-            _ => None,
-        };
-        if let Some(log_id) = holds {
-            self.durable
-                .wait_for(log_id.index)
-                .await
-                .map_err(|e| Status::internal(e.to_string()))?;
-        }
-        seal(&answer)
     }
 
     /// Applies any fault rule for the sender, then checks the cluster id. `None` means the
@@ -121,7 +88,7 @@ impl PeerService {
     /// answer.
     async fn dispatch(&self, method: PeerMethod, payload: &[u8]) -> Result<Vec<u8>, Status> {
         match method {
-            PeerMethod::AppendEntries => self.append_entries(payload).await,
+            PeerMethod::AppendEntries => seal(&self.raft.append_entries(open(payload)?).await),
             PeerMethod::Vote => seal(&self.raft.vote(open(payload)?).await),
             PeerMethod::InstallSnapshot => seal(&self.raft.install_snapshot(open(payload)?).await),
             PeerMethod::Propose => seal(&self.proposals.propose(open(payload)?).await),

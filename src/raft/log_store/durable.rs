@@ -7,8 +7,7 @@
 //! waits on this mark instead:
 //! - the state machine applies an entry only once it is durable here (no answer, no
 //!   snapshot, no local read sees it before);
-//! - an `AppendEntries` tells a follower a commit index no higher than this mark;
-//! - a node answers an `AppendEntries` as holding entries only once they are durable here.
+//! - an `AppendEntries` tells a follower a commit index no higher than this mark.
 
 use std::sync::Arc;
 
