@@ -142,7 +142,12 @@ pub async fn start(config: NodeConfig, listeners: Listeners) -> Result<RunningNo
         &config.data_dir.join(crate::fallback::NODE_SCOPE_JOURNAL),
         config.node_id,
     )?;
-    let peers = PeerClients::new(&config.cluster_id, config.node_id, faults.clone(), durable);
+    let peers = PeerClients::new(
+        &config.cluster_id,
+        config.node_id,
+        faults.clone(),
+        durable.clone(),
+    );
     let raft = Raft::new(
         config.node_id,
         Arc::new(raft_config(&config)?),
@@ -176,6 +181,7 @@ pub async fn start(config: NodeConfig, listeners: Listeners) -> Result<RunningNo
             config.fallback_budget,
         )?,
         voters_max: config.voters_max,
+        durable,
     }));
     let (stop, stopped) = watch::channel(false);
     let servers = vec![

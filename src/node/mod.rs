@@ -17,6 +17,7 @@ pub mod request;
 
 use crate::fallback::queue::QueuedSettle;
 use crate::fallback::{Fallback, LocalEngine, LocalError, ReplicaView};
+use crate::raft::log_store::DurableLog;
 use crate::raft::{MemberNode, NodeId, ProposeRefusal, Raft};
 use crate::state::store::{self, StateMachineStore};
 use crate::state::{Answer, Charge, ClaimRequest, Command, HitAnswer, SettleAnswer};
@@ -110,6 +111,8 @@ pub struct NodeParts {
     /// The local fallback (SPEC section 7).
     pub fallback: Fallback,
     pub voters_max: usize,
+    /// How far this node's Raft log is on disk (membership changes wait on it).
+    pub durable: DurableLog,
 }
 
 /// One fleet node: Raft, the state machine replica, the proposal queue, the node-scope
@@ -122,6 +125,9 @@ pub struct Node {
     local: LocalEngine,
     fallback: Fallback,
     voters_max: usize,
+    durable: DurableLog,
+    /// Held through one membership change, so changes never overlap.
+    membership_changes: tokio::sync::Mutex<()>,
 }
 
 impl Node {
@@ -135,6 +141,8 @@ impl Node {
             local: parts.local,
             fallback: parts.fallback,
             voters_max: parts.voters_max,
+            durable: parts.durable,
+            membership_changes: tokio::sync::Mutex::new(()),
         }
     }
 
@@ -497,6 +505,31 @@ impl Node {
         Err(NodeError::NotLeader { leader_api_addr })
     }
 
+    /// Waits until the current membership entry is on this node's disk. openraft lets the
+    /// next change through once the current one is committed, and on the leader it counts
+    /// its own copy before that copy is durable (docs/storage.md, "The leader's early flush
+    /// report"): a second change on top of a first held by one disk could, after a power
+    /// cut, leave two configurations that each elect a leader.
+    async fn membership_durable(&self) -> Result<(), NodeError> {
+        let index = self
+            .raft
+            .metrics()
+            .borrow()
+            .membership_config
+            .log_id()
+            .map(|log_id| log_id.index);
+        match index {
+            Some(index) => self
+                .durable
+                .wait_for(index)
+                .await
+                .map_err(|e| NodeError::Fatal {
+                    reason: e.to_string(),
+                }),
+            None => Ok(()),
+        }
+    }
+
     /// Adds a member: it joins as a learner, catches up (by snapshot where the log was
     /// purged), and is promoted to voter when asked and fewer than `voters_max` vote.
     ///
@@ -509,6 +542,8 @@ impl Node {
         voter: bool,
     ) -> Result<String, NodeError> {
         self.ensure_leader()?;
+        let _alone = self.membership_changes.lock().await;
+        self.membership_durable().await?;
         self.raft
             .add_learner(id, member, true)
             .await
@@ -525,6 +560,7 @@ impl Node {
             ));
         }
         let promote = ChangeMembers::AddVoterIds(BTreeSet::from([id]));
+        self.membership_durable().await?;
         self.raft
             .change_membership(promote, false)
             .await
@@ -539,6 +575,8 @@ impl Node {
     /// `NotLeader` on a follower, `Membership` when openraft refuses (e.g. unknown id).
     pub async fn remove_member(&self, id: NodeId) -> Result<String, NodeError> {
         self.ensure_leader()?;
+        let _alone = self.membership_changes.lock().await;
+        self.membership_durable().await?;
         let Some((_, _, voter)) = self
             .status()
             .members

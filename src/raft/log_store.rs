@@ -220,19 +220,18 @@ impl LogStore {
         self.mark.reader()
     }
 
-    /// Whether `entries` are this node's own, appended as the leader of the current term:
-    /// the vote is committed, names this node, and every entry carries its term. (One
-    /// leader per term, so an entry of that term was made here.) A follower's entries,
-    /// and a new leader's entries from older terms, never are.
+    /// Whether `entries` are this node's own, appended as the current leader: the vote is
+    /// committed, names this node, and every entry carries that leader id (term and node).
+    /// openraft saves a newer vote before it appends a new leader's entries, so a
+    /// follower's entries, and a new leader's entries from older terms, never are.
     fn appended_as_leader(&self, entries: &[Entry]) -> bool {
         let vote = *lock_plain(&self.vote);
         vote.is_some_and(|vote| {
-            let leader = vote.leader_id();
             vote.is_committed()
-                && leader.voted_for() == Some(self.node_id)
+                && vote.leader_id().voted_for() == Some(self.node_id)
                 && entries
                     .iter()
-                    .all(|entry| entry.log_id.leader_id.term == leader.get_term())
+                    .all(|entry| entry.log_id.leader_id == *vote.leader_id())
         })
     }
 
@@ -614,11 +613,11 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     /// The saved vote, except that a committed vote for this node comes back uncommitted.
-    /// openraft 0.9.25 restarts a node whose vote says it leads as that term's leader
+    /// openraft 0.9.25 restarts a node whose vote says it leads as that leader at once
     /// (`Engine::startup`); but a leader's entries are replicated before they are durable
     /// here, so after a crash it could append a different entry under a log id a follower
     /// already holds. Uncommitted, the vote still says "I voted for myself in this term"
-    /// (so the node grants no other candidate that term), and the node must win a new term
+    /// (it grants only a greater leader id, as before), and the node must win a new term
     /// before it leads again.
     async fn read_vote(&mut self) -> Result<Option<Vote<NodeId>>, StorageError> {
         let saved: Option<Vote<NodeId>> = self
@@ -688,9 +687,16 @@ impl RaftLogStorage<TypeConfig> for LogStore {
 
     async fn purge(&mut self, log_id: LogId) -> Result<(), StorageError> {
         writer::lock(&self.tail).purge(log_id.index);
-        self.write(move |disk| purge_durably(disk, log_id))
-            .await
-            .map_err(write_logs_error)
+        let mark = self.mark.clone();
+        self.write(move |disk| {
+            purge_durably(disk, log_id)?;
+            // A snapshot installed over a log that ended lower: the mark must stay an id
+            // in this log (the commit index a leader sends is capped at it).
+            mark.raise_to(log_id.index, log_state(disk)?.last_log_id);
+            Ok(())
+        })
+        .await
+        .map_err(write_logs_error)
     }
 }
 
@@ -709,15 +715,25 @@ mod tests {
     use crate::raft::{MemberNode, Snapshot, SnapshotMeta, StoredMembership};
     use crate::state::{Command, FleetRequest, FleetResponse};
 
-    /// The node the tests' stores belong to.
-    const NODE: NodeId = 1;
+    /// The node the tests' stores belong to, which also made their entries (`log_id`).
+    const NODE: NodeId = 0;
+
+    /// Lifts a log-writer hold when dropped, so a failing test does not leave the writer
+    /// (and the store's drop, which joins it) waiting forever.
+    struct Release(Faults);
+
+    impl Drop for Release {
+        fn drop(&mut self) {
+            let _ = self.0.hold_log_writes(false);
+        }
+    }
 
     fn open_store(path: &Path) -> Result<LogStore> {
         LogStore::open(path, NODE, Faults::new(false))
     }
 
     fn log_id(term: u64, index: u64) -> LogId {
-        LogId::new(CommittedLeaderId::new(term, 0), index)
+        LogId::new(CommittedLeaderId::new(term, NODE), index)
     }
 
     /// An entry carrying a real fleet payload, so the codec path is exercised end to end.
@@ -969,6 +985,7 @@ mod tests {
         let (_dir, path) = scratch();
         let faults = Faults::new(true);
         let mut store = LogStore::open(&path, NODE, faults.clone()).expect("open");
+        let _release = Release(faults.clone());
         let durable = store.durable();
         let (told, heard) = std::sync::mpsc::channel();
         let wait = std::time::Duration::from_secs(30);
@@ -1043,6 +1060,21 @@ mod tests {
             store.read_vote().await.expect("read"),
             Some(Vote::new(5, NODE))
         );
+    }
+
+    /// A purge past the end of the log (a snapshot installed over a shorter log) moves the
+    /// durable mark to the purge point, so it stays an id in this log.
+    #[tokio::test]
+    async fn a_purge_past_the_log_moves_the_durable_mark_to_it() {
+        let (_dir, path) = scratch();
+        let mut store = open_store(&path).expect("open");
+        let durable = store.durable();
+        let entries: Vec<Entry> = (1..=3).map(|index| request_entry(1, index)).collect();
+        store.blocking_append(entries).await.expect("append");
+        store.purge(log_id(2, 10)).await.expect("purge");
+        assert_eq!(durable.last(), Some(log_id(2, 10)));
+        store.purge(log_id(2, 10)).await.expect("purge again");
+        assert_eq!(durable.last(), Some(log_id(2, 10)));
     }
 
     /// Truncation moves the durable mark back to the last entry left, so a later entry at

@@ -51,6 +51,18 @@ impl DurableMark {
         });
     }
 
+    /// Moves the mark up to `last` if it is below `index` (the log was purged past it: a
+    /// snapshot replaced what the log held). A failed mark stays failed.
+    pub(super) fn raise_to(&self, index: u64, last: Option<LogId>) {
+        self.sender.send_if_modified(|mark| match mark {
+            Mark::Upto(current) if current.is_none_or(|current| current.index < index) => {
+                *current = last;
+                true
+            }
+            _ => false,
+        });
+    }
+
     /// A write failed: every wait from now on fails with `reason`.
     pub(super) fn fail(&self, reason: &str) {
         self.sender.send_replace(Mark::Failed(Arc::from(reason)));
@@ -104,9 +116,13 @@ impl DurableLog {
     }
 
     /// The commit index a leader may tell its followers: `committed`, or the durable mark
-    /// if that is lower (both are ids in this node's own log, so they order by index).
+    /// if that is at a lower index (the mark is always an id in this node's own log).
     pub fn clamp_commit(&self, committed: Option<LogId>) -> Option<LogId> {
-        committed.min(self.last())
+        match (committed, self.last()) {
+            (Some(committed), Some(durable)) if committed.index <= durable.index => Some(committed),
+            (Some(_), durable) => durable,
+            (None, _) => None,
+        }
     }
 
     /// A mark that is always far enough, for tests of code that takes one but writes no log.
@@ -114,5 +130,58 @@ impl DurableLog {
     pub(crate) fn everything() -> Self {
         let last = LogId::new(openraft::CommittedLeaderId::new(u64::MAX, 0), u64::MAX);
         DurableMark::new(Some(last)).reader()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn log_id(term: u64, index: u64) -> LogId {
+        LogId::new(openraft::CommittedLeaderId::new(term, 1), index)
+    }
+
+    #[test]
+    fn the_commit_sent_is_capped_at_the_durable_mark_by_index() {
+        let mark = DurableMark::new(Some(log_id(2, 5)));
+        let durable = mark.reader();
+        assert_eq!(durable.clamp_commit(Some(log_id(2, 4))), Some(log_id(2, 4)));
+        assert_eq!(durable.clamp_commit(Some(log_id(2, 5))), Some(log_id(2, 5)));
+        assert_eq!(durable.clamp_commit(Some(log_id(3, 7))), Some(log_id(2, 5)));
+        assert_eq!(durable.clamp_commit(None), None);
+        mark.fail("disk gone");
+        assert_eq!(
+            durable.clamp_commit(Some(log_id(2, 4))),
+            None,
+            "nothing after a failure"
+        );
+    }
+
+    #[test]
+    fn a_purge_past_the_mark_raises_it_and_a_purge_below_leaves_it() {
+        let mark = DurableMark::new(Some(log_id(1, 3)));
+        let durable = mark.reader();
+        mark.raise_to(2, Some(log_id(1, 2)));
+        assert_eq!(durable.last(), Some(log_id(1, 3)), "purged below the mark");
+        mark.raise_to(10, Some(log_id(2, 10)));
+        assert_eq!(durable.last(), Some(log_id(2, 10)), "purged past it");
+    }
+
+    #[tokio::test]
+    async fn a_failed_write_fails_every_wait() {
+        let mark = DurableMark::new(None);
+        let durable = mark.reader();
+        let waiting = tokio::spawn({
+            let durable = durable.clone();
+            async move { durable.wait_for(1).await }
+        });
+        mark.fail("disk gone");
+        let result = waiting.await.expect("the wait ends");
+        assert!(result.is_err(), "a wait after a failed write: {result:?}");
+        mark.set(Some(log_id(1, 1)));
+        assert!(
+            durable.wait_for(1).await.is_err(),
+            "a failed mark stays failed"
+        );
     }
 }
