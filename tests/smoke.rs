@@ -50,6 +50,8 @@ async fn a_hit_through_a_follower_is_seen_by_every_node() {
         (leader, leader_commits),
         (follower, "ankusa_log_flush_seconds_count"),
         (leader, "ankusa_log_flush_seconds_count"),
+        (follower, "ankusa_apply_durable_wait_seconds_count"),
+        (leader, "ankusa_apply_durable_wait_seconds_count"),
     ] {
         let fleet = &fleet;
         fleet

@@ -236,11 +236,14 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
     {
         let entries: Vec<Entry> = entries.into_iter().collect();
         if let Some(last) = entries.last() {
+            let started = std::time::Instant::now();
             self.inner
                 .durable
                 .wait_for(last.log_id.index)
                 .await
                 .map_err(|e| StorageIOError::write_logs(&e))?;
+            metrics::histogram!("ankusa_apply_durable_wait_seconds")
+                .record(started.elapsed().as_secs_f64());
         }
         let mut applied = self.lock();
         let mut responses = Vec::with_capacity(entries.len());
