@@ -57,12 +57,36 @@ async fn wait_for_new_leader(fleet: &Fleet, ids: &[u64], gone: u64) -> u64 {
         .await
 }
 
+/// Starts three nodes (`extra` in every config) and waits for a leader; returns the fleet,
+/// the leader and the other two.
+async fn three_nodes(extra: &str) -> (Fleet, u64, Vec<u64>) {
+    init_tracing();
+    let fleet = Fleet::start(3, extra).await;
+    let leader = fleet.wait_for_leader(&[1, 2, 3]).await;
+    let survivors = (1..=3).filter(|id| *id != leader).collect();
+    (fleet, leader, survivors)
+}
+
+/// After a failover: commits `n` new claims through the survivors and returns them with
+/// the new leader's applied index (what a restarted node must catch up to).
+async fn commit_after_failover(
+    fleet: &Fleet,
+    survivors: &[u64],
+    new_leader: u64,
+    n: usize,
+) -> (Vec<String>, u64) {
+    let after = keys("after", n);
+    fleet.commit_claims(survivors, TENANT, &after, 4).await;
+    let target = fleet
+        .last_applied(new_leader)
+        .await
+        .unwrap_or_else(|| fleet.fail("the new leader does not answer status"));
+    (after, target)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killing_the_leader_loses_no_answer() {
-    init_tracing();
-    let mut fleet = Fleet::start(3, "").await;
-    let leader = fleet.wait_for_leader(&[1, 2, 3]).await;
-    let survivors: Vec<u64> = (1..=3).filter(|id| *id != leader).collect();
+    let (mut fleet, leader, survivors) = three_nodes("").await;
 
     tracing::info!("--- commit claims through every node and spend 6 of 10 tokens");
     let committed = keys("before", 30);
@@ -90,12 +114,7 @@ async fn killing_the_leader_loses_no_answer() {
     assert_budget_left(&fleet, survivors[1], 4).await;
 
     tracing::info!("--- the fleet still commits new claims");
-    let after = keys("after", 10);
-    fleet.commit_claims(&survivors, TENANT, &after, 4).await;
-    let target = fleet
-        .last_applied(new_leader)
-        .await
-        .unwrap_or_else(|| fleet.fail("the new leader does not answer status"));
+    let (after, target) = commit_after_failover(&fleet, &survivors, new_leader, 10).await;
 
     tracing::info!("--- restart {leader} from its data dir; it catches up");
     let restarted_at = Instant::now();
@@ -201,10 +220,7 @@ const HELD_TIMEOUT_MS: u32 = 1_500;
 /// that window: every earlier answer must hold on every node, the restarted one included.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_leader_killed_before_its_flush_has_answered_nothing() {
-    init_tracing();
-    let mut fleet = Fleet::start(3, "fault_injection = true").await;
-    let leader = fleet.wait_for_leader(&[1, 2, 3]).await;
-    let survivors: Vec<u64> = (1..=3).filter(|id| *id != leader).collect();
+    let (mut fleet, leader, survivors) = three_nodes("fault_injection = true").await;
 
     tracing::info!("--- commit claims through every node");
     let committed = keys("durable", 12);
@@ -246,12 +262,7 @@ async fn a_leader_killed_before_its_flush_has_answered_nothing() {
     for id in &survivors {
         fleet.assert_duplicates(*id, TENANT, &committed, 4).await;
     }
-    let after = keys("after", 6);
-    fleet.commit_claims(&survivors, TENANT, &after, 2).await;
-    let target = fleet
-        .last_applied(new_leader)
-        .await
-        .unwrap_or_else(|| fleet.fail("the new leader does not answer status"));
+    let (after, target) = commit_after_failover(&fleet, &survivors, new_leader, 6).await;
 
     tracing::info!("--- restart {leader}: it lost its unwritten entries and catches up");
     fleet.restart(leader);
