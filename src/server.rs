@@ -19,6 +19,7 @@ use crate::config::NodeConfig;
 use crate::fallback::Fallback;
 use crate::fallback::LocalEngine;
 use crate::node::propose::{BatchLimits, Proposer, Router};
+use crate::node::snapshots::{self, SnapshotPolicy};
 use crate::node::{reconcile, Node, NodeParts};
 use crate::pb;
 use crate::raft::faults::Faults;
@@ -104,7 +105,8 @@ fn raft_config(config: &NodeConfig) -> Result<openraft::Config, openraft::Config
         election_timeout_min: config.election_timeout_ms_min,
         election_timeout_max: config.election_timeout_ms_max,
         install_snapshot_timeout: INSTALL_SNAPSHOT_TIMEOUT_MS,
-        snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(config.snapshot_logs_since_last),
+        // `node::snapshots` decides when (entries and log size, not entries alone).
+        snapshot_policy: openraft::SnapshotPolicy::Never,
         max_in_snapshot_log_to_keep: config.snapshot_logs_kept,
         ..openraft::Config::default()
     }
@@ -133,11 +135,13 @@ pub async fn start(config: NodeConfig, listeners: Listeners) -> Result<RunningNo
     )
     .map_err(|e| StartError::LogStore(e.to_string()))?;
     let durable = log_store.durable();
+    let log_bytes = log_store.log_bytes();
     let db = sled::Config::new()
         .path(config.data_dir.join("state.sled"))
         .cache_capacity(SLED_CACHE_BYTES)
         .open()?;
     let state = StateMachineStore::open(&db, durable.clone())?;
+    let snapshot_state = state.clone();
     let local = LocalEngine::open(
         &config.data_dir.join(crate::fallback::NODE_SCOPE_JOURNAL),
         config.node_id,
@@ -198,6 +202,16 @@ pub async fn start(config: NodeConfig, listeners: Listeners) -> Result<RunningNo
             &config,
             faults,
             listeners.api,
+            stopped.clone(),
+        )),
+        tokio::spawn(snapshots::run(
+            raft.clone(),
+            log_bytes,
+            snapshot_state,
+            SnapshotPolicy {
+                logs_since_last: config.snapshot_logs_since_last,
+                log_percent: config.snapshot_log_percent,
+            },
             stopped.clone(),
         )),
         tokio::spawn(reconcile::run(node.clone(), stopped)),

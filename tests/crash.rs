@@ -170,7 +170,11 @@ async fn restarting_every_node_twice_loses_no_answer() {
     init_tracing();
     // One command per entry: the writes below must make many entries, so restarts go
     // through snapshot load plus log replay (group commit would fold them into a few).
-    let mut fleet = Fleet::start(3, "snapshot_logs_since_last = 20\nbatch_commands_max = 1").await;
+    let mut fleet = Fleet::start(
+        3,
+        "snapshot_logs_since_last = 20\nsnapshot_log_percent = 0\nbatch_commands_max = 1",
+    )
+    .await;
     fleet.wait_for_leader(&[1, 2, 3]).await;
 
     tracing::info!("--- 100 committed claims (snapshots every 20 entries), 6 of 10 tokens spent");

@@ -69,6 +69,7 @@ async fn wait_for_members(fleet: &Fleet, id: u64, expected: &[(u64, bool)]) {
 /// almost at once, so a joining node can only catch up by snapshot. One command per entry,
 /// so the test's writes make many entries (group commit would fold them into a few).
 const SNAPSHOT_EVERY_20: &str = "snapshot_logs_since_last = 20\n\
+                                 snapshot_log_percent = 0\n\
                                  snapshot_logs_kept = 0\n\
                                  batch_commands_max = 1";
 

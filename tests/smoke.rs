@@ -42,7 +42,9 @@ async fn a_hit_through_a_follower_is_seen_by_every_node() {
         assert_eq!(answer, Outcome::Duplicate("hook-a".to_owned()), "node {id}");
     }
 
-    tracing::info!("--- the commit path's timings are on both nodes' metrics pages");
+    tracing::info!(
+        "--- the commit path's timings and the log size are on both nodes' metrics pages"
+    );
     let follower_commits = r#"ankusa_commit_seconds_count{role="follower"}"#;
     let leader_commits = r#"ankusa_commit_seconds_count{role="leader"}"#;
     for (id, name) in [
@@ -52,6 +54,9 @@ async fn a_hit_through_a_follower_is_seen_by_every_node() {
         (leader, "ankusa_log_flush_seconds_count"),
         (follower, "ankusa_apply_durable_wait_seconds_count"),
         (leader, "ankusa_apply_durable_wait_seconds_count"),
+        // The snapshot policy reads the log it weighs (no snapshot yet: all of it).
+        (follower, "ankusa_log_bytes_since_snapshot"),
+        (leader, "ankusa_log_bytes_since_snapshot"),
     ] {
         let fleet = &fleet;
         fleet

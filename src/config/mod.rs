@@ -46,6 +46,9 @@ pub struct ConfigFile {
     pub forwards_in_flight_max: Option<usize>,
     pub batch_linger_us: Option<u64>,
     pub snapshot_logs_since_last: Option<u64>,
+    /// A snapshot also waits until the log written since the last one reaches this percent
+    /// of that snapshot's size (0: entries alone decide).
+    pub snapshot_log_percent: Option<u64>,
     /// Log entries kept behind a snapshot, so a briefly lagging follower needs no snapshot.
     pub snapshot_logs_kept: Option<u64>,
     pub metrics_addr: Option<String>,
@@ -89,6 +92,9 @@ impl Defaults {
     pub const BATCH_LINGER_US: u64 = 1_000;
     pub const SNAPSHOT_LOGS_SINCE_LAST: u64 = 5_000;
     pub const SNAPSHOT_LOGS_KEPT: u64 = 1_000;
+    /// Like Redis' `auto-aof-rewrite-percentage 100`: rewrite once the log has grown by the
+    /// size of the last rewrite.
+    pub const SNAPSHOT_LOG_PERCENT: u64 = 100;
 }
 
 /// The longest a busy batch may be told to wait (`batch_linger_us`).
@@ -143,7 +149,12 @@ pub struct NodeConfig {
     /// How long a busy batch may wait for the callers the last one answered (0: never
     /// waits).
     pub batch_linger_us: u64,
+    /// Fewest log entries between two snapshots.
     pub snapshot_logs_since_last: u64,
+    /// Log bytes written since the last snapshot, in percent of its size, before the next
+    /// one (0: only `snapshot_logs_since_last` counts). Snapshot work then grows with the
+    /// log written, not with the state times the entries.
+    pub snapshot_log_percent: u64,
     pub snapshot_logs_kept: u64,
     pub metrics_addr: Option<SocketAddr>,
     pub fallback_budget: FallbackBudget,
@@ -270,6 +281,9 @@ impl NodeConfig {
                 .snapshot_logs_since_last
                 .unwrap_or(Defaults::SNAPSHOT_LOGS_SINCE_LAST)
                 .max(1),
+            snapshot_log_percent: file
+                .snapshot_log_percent
+                .unwrap_or(Defaults::SNAPSHOT_LOG_PERCENT),
             snapshot_logs_kept: file
                 .snapshot_logs_kept
                 .unwrap_or(Defaults::SNAPSHOT_LOGS_KEPT),

@@ -14,6 +14,7 @@ use tokio::time::Instant;
 pub mod propose;
 pub mod reconcile;
 pub mod request;
+pub mod snapshots;
 
 use crate::fallback::queue::QueuedSettle;
 use crate::fallback::{Fallback, LocalEngine, LocalError, ReplicaView};

@@ -151,6 +151,20 @@ pub struct LogStore {
     mark: durable::DurableMark,
 }
 
+/// Reads how many bytes of a node's log lie after an index (cheap to clone).
+#[derive(Clone)]
+pub struct LogBytes {
+    disk: Arc<Disk>,
+}
+
+impl LogBytes {
+    /// Bytes of log written after entry `index` (all of it for `None`); entries still on
+    /// their way to disk are not counted yet.
+    pub fn after(&self, index: Option<u64>) -> u64 {
+        self.disk.wal.bytes_after(index)
+    }
+}
+
 impl Debug for LogStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("LogStore").finish_non_exhaustive()
@@ -218,6 +232,14 @@ impl LogStore {
     /// How far this log is on disk: what the state machine and the peer traffic wait on.
     pub fn durable(&self) -> DurableLog {
         self.mark.reader()
+    }
+
+    /// How much log lies after an index: what the snapshot policy weighs against the last
+    /// snapshot's size.
+    pub fn log_bytes(&self) -> LogBytes {
+        LogBytes {
+            disk: Arc::clone(&self.disk),
+        }
     }
 
     /// Whether `entries` are this node's own, appended as the current leader: the vote is
@@ -1290,6 +1312,61 @@ mod tests {
         assert_eq!(state.last_purged_log_id, Some(log_id(1, 20)));
         assert_eq!(state.last_log_id, Some(log_id(2, 34)));
         drop(dir);
+    }
+
+    /// What the snapshot policy reads: the bytes of every record after an index, across
+    /// segment boundaries and after a truncation, each entry's counted once.
+    #[tokio::test]
+    async fn log_bytes_count_the_records_after_an_index() {
+        let (_dir, path) = scratch();
+        let record_len = |entry: &Entry| {
+            let mut buf = Vec::new();
+            wal::push_record(
+                &mut buf,
+                wal::KIND_ENTRY,
+                &encode_as(entry, "entry").expect("encode"),
+            )
+            .expect("record");
+            buf.len() as u64
+        };
+        let after = |entries: &[Entry], index: u64| -> u64 {
+            entries
+                .iter()
+                .filter(|entry| entry.log_id.index > index)
+                .map(record_len)
+                .sum()
+        };
+        let mut store =
+            LogStore::open_with_segment_bytes(&path, NODE, Faults::new(false), 256).expect("open");
+        let bytes = store.log_bytes();
+        assert_eq!(bytes.after(None), 0, "an empty log");
+        let mut entries: Vec<Entry> = (1..=40).map(|index| request_entry(1, index)).collect();
+        for chunk in entries.chunks(3) {
+            store.blocking_append(chunk.to_vec()).await.expect("append");
+        }
+        assert!(
+            segment_files(&path.with_extension("wal")).len() > 3,
+            "rolled over"
+        );
+        assert_eq!(bytes.after(None), after(&entries, 0));
+        for index in [1, 7, 20, 39] {
+            assert_eq!(
+                bytes.after(Some(index)),
+                after(&entries, index),
+                "after {index}"
+            );
+        }
+        assert_eq!(bytes.after(Some(40)), 0);
+        assert_eq!(bytes.after(Some(1_000)), 0);
+        store.truncate(log_id(1, 30)).await.expect("truncate");
+        entries.truncate(29);
+        let replaced: Vec<Entry> = (30..=33).map(|index| request_entry(2, index)).collect();
+        store
+            .blocking_append(replaced.clone())
+            .await
+            .expect("append");
+        entries.extend(replaced);
+        assert_eq!(bytes.after(Some(25)), after(&entries, 25));
     }
 
     /// The next segment's file is made ahead (zeros, fsynced) and becomes the new segment

@@ -73,6 +73,8 @@ struct Inner {
     snapshots: sled::Tree,
     db: sled::Db,
     snapshot_seq: AtomicU64,
+    /// Size of the current snapshot (0: none yet).
+    snapshot_bytes: AtomicU64,
 }
 
 /// The fleet state machine (cheap to clone: all clones share one state).
@@ -92,7 +94,9 @@ impl StateMachineStore {
     pub fn open(db: &sled::Db, durable: DurableLog) -> Result<Self, StateStoreError> {
         let snapshots = db.open_tree(SNAPSHOT_TREE)?;
         let mut applied = Applied::default();
+        let mut snapshot_bytes = 0;
         if let Some(stored) = chunks::read(&snapshots)? {
+            snapshot_bytes = stored.data.len() as u64;
             let body = snapshot::decode(&stored.data)?;
             drop(stored);
             applied = applied_from_body(body);
@@ -105,8 +109,14 @@ impl StateMachineStore {
                 snapshots,
                 db: db.clone(),
                 snapshot_seq: AtomicU64::new(0),
+                snapshot_bytes: AtomicU64::new(snapshot_bytes),
             }),
         })
+    }
+
+    /// Size in bytes of the current snapshot, built here or installed (0: none yet).
+    pub fn snapshot_bytes(&self) -> u64 {
+        self.inner.snapshot_bytes.load(Ordering::Relaxed)
     }
 
     /// Locks the applied state for a short read (never hold it across an await).
@@ -205,6 +215,9 @@ impl RaftSnapshotBuilder<TypeConfig> for StateMachineStore {
         let data = data.map_err(|e| StorageIOError::write_snapshot(Some(meta.signature()), &e))?;
         let encoded_ms = started.elapsed().as_millis();
         let data = self.persist(&meta, data).await?;
+        self.inner
+            .snapshot_bytes
+            .store(data.len() as u64, Ordering::Relaxed);
         tracing::info!(
             snapshot_id = %meta.snapshot_id,
             size_bytes = data.len(),
@@ -285,7 +298,11 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         let body = snapshot::decode(&data)
             .map_err(|e| StorageIOError::read_snapshot(Some(meta.signature()), &e))?;
         // The bytes are stored, then let go before the state is built from the body.
+        let size_bytes = data.len() as u64;
         drop(self.persist(meta, data).await?);
+        self.inner
+            .snapshot_bytes
+            .store(size_bytes, Ordering::Relaxed);
         let mut applied = applied_from_body(body);
         // The meta is authoritative for what the snapshot covers.
         applied.last_applied = meta.last_log_id;

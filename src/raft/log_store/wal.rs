@@ -434,6 +434,24 @@ impl Wal {
         }
     }
 
+    /// Bytes of log written after entry `index` (every entry's for `None`), the committed
+    /// ids written between them included: how much log a snapshot at `index` has behind it.
+    pub(super) fn bytes_after(&self, index: Option<u64>) -> u64 {
+        let state = self.lock();
+        state
+            .segments
+            .values()
+            .map(|segment| {
+                let skipped =
+                    index.map_or(0, |index| (index + 1).saturating_sub(segment.first_index));
+                match (segment.spans.get(skipped as usize), segment.spans.last()) {
+                    (Some(first), Some(last)) => last.offset + last.len - first.offset,
+                    _ => 0,
+                }
+            })
+            .sum()
+    }
+
     /// The entries with indexes in `[from, to)` that the log holds (purged ones are gone;
     /// the caller checks the result has no hole).
     pub(super) fn read(&self, from: u64, to: Option<u64>) -> Result<Vec<Entry>> {
