@@ -1,6 +1,6 @@
 //! The shortest path through a real fleet: three processes elect a leader, a hit through a
 //! follower is committed, its claim is visible from every node, and the commit path's
-//! timings show on the nodes' metrics pages.
+//! timings show on the nodes' metrics pages. Nodes run without transparent huge pages.
 
 mod common;
 
@@ -14,6 +14,19 @@ async fn a_hit_through_a_follower_is_seen_by_every_node() {
     tracing::info!("--- wait for the fleet to elect a leader");
     let leader = fleet.wait_for_leader(&[1, 2, 3]).await;
     let follower = (1..=3).find(|id| *id != leader).expect("a follower");
+    // Each node turns huge pages off before it serves, so before a leader is elected.
+    for id in 1..=3 {
+        let pid = fleet.pid(id).expect("node runs");
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
+        // Kernels before 5.0 do not show the line; this machine class's does.
+        if let Some(line) = status.lines().find(|l| l.starts_with("THP_enabled:")) {
+            assert_eq!(
+                line.split_whitespace().nth(1),
+                Some("0"),
+                "node {id}: {line}"
+            );
+        }
+    }
 
     tracing::info!("--- claim a key through follower {follower}");
     let mut client = fleet.client(follower).await;

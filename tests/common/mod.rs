@@ -162,6 +162,11 @@ impl Fleet {
         specs(self.ip, [id], &taken).remove(0)
     }
 
+    /// The process id of a running node.
+    pub fn pid(&self, id: u64) -> Option<u32> {
+        self.nodes[&id].child.as_ref().map(Child::id)
+    }
+
     /// SIGKILL: no shutdown, no flush.
     pub fn kill(&mut self, id: u64) {
         let node = self.nodes.get_mut(&id).expect("known node");
