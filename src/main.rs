@@ -39,6 +39,9 @@ enum Cmd {
     },
     /// Closed-loop load against a running fleet; prints a JSON summary.
     Bench(bench::BenchPlan),
+    /// What one snapshot costs here (encode, store, load), apart from a fleet; prints a
+    /// JSON summary.
+    BenchSnapshot(ankusa_fleet::snapshot::bench::SnapshotBenchPlan),
     /// Inspect or change membership through any node.
     Cluster {
         #[command(subcommand)]
@@ -127,6 +130,11 @@ async fn main() -> anyhow::Result<()> {
         Cmd::Dev { data_dir } => cli::dev(&data_dir).await,
         Cmd::Bench(plan) => {
             let summary = bench::run(plan).await?;
+            println!("{}", serde_json::to_string_pretty(&summary)?);
+            Ok(())
+        }
+        Cmd::BenchSnapshot(plan) => {
+            let summary = ankusa_fleet::snapshot::bench::run(&plan)?;
             println!("{}", serde_json::to_string_pretty(&summary)?);
             Ok(())
         }

@@ -5,6 +5,8 @@
 //! This module only turns a state image into bytes and back; building snapshots off the
 //! hot path and storing them in sled is `state::store`'s job.
 
+pub mod bench;
+
 use serde::{Deserialize, Serialize};
 
 use crate::codec::{self, CodecError};

@@ -24,7 +24,7 @@ use crate::raft::{
 };
 use crate::snapshot::{self, SnapshotBody};
 
-mod chunks;
+pub(crate) mod chunks;
 
 /// The sled tree holding the latest snapshot (laid out by [`chunks`]).
 const SNAPSHOT_TREE: &str = "snapshots";
@@ -58,12 +58,12 @@ pub struct Applied {
 /// The latest snapshot: metadata plus the encoded (checksummed) body. (An older build
 /// stored it in sled as this one value; see [`chunks`].)
 #[derive(Serialize, Deserialize)]
-struct StoredSnapshot {
+pub(crate) struct StoredSnapshot {
     meta: SnapshotMeta,
     /// Encoded as one byte string (the same bytes a `Vec<u8>` sequence encodes to, written
     /// and read as one copy instead of element by element).
     #[serde(with = "serde_bytes")]
-    data: Vec<u8>,
+    pub(crate) data: Vec<u8>,
 }
 
 struct Inner {

@@ -61,7 +61,7 @@ fn read_record(tree: &sled::Tree) -> Result<Option<CurrentRecord>, StateStoreErr
 ///
 /// # Errors
 /// When sled fails, the record does not decode, or the chunks do not add up to its length.
-pub(super) fn read(tree: &sled::Tree) -> Result<Option<StoredSnapshot>, StateStoreError> {
+pub(crate) fn read(tree: &sled::Tree) -> Result<Option<StoredSnapshot>, StateStoreError> {
     let Some(record) = read_record(tree)? else {
         return match tree.get(LEGACY_KEY)? {
             Some(bytes) => Ok(Some(codec::decode(&bytes)?)),
@@ -90,7 +90,7 @@ pub(super) fn read(tree: &sled::Tree) -> Result<Option<StoredSnapshot>, StateSto
 ///
 /// # Errors
 /// When sled fails.
-pub(super) fn write(
+pub(crate) fn write(
     tree: &sled::Tree,
     db: &sled::Db,
     meta: &SnapshotMeta,
