@@ -43,6 +43,10 @@ const CONNECT_TIMEOUT: Duration = Duration::from_millis(500);
 /// HTTP/2 pings on peer connections, and how long an unanswered one may wait.
 const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(1);
 const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(3);
+/// How long after a follower accepted an `AppendEntries` a commit-only one to it is answered
+/// here instead of sent (see [`PeerConnection::append_entries`]). Well under the heartbeat
+/// interval, so an idle fleet's heartbeats still go out every other beat at least.
+const COMMIT_ONLY_FRESH: Duration = Duration::from_millis(10);
 
 /// A transport failure talking to a peer (its answer, if any, is unknown).
 #[derive(Debug, thiserror::Error)]
@@ -435,6 +439,7 @@ impl RaftNetworkFactory<TypeConfig> for PeerClients {
             clients: self.clone(),
             target,
             raft_addr: node.raft_addr.clone(),
+            accepted: None,
         }
     }
 }
@@ -444,6 +449,17 @@ pub struct PeerConnection {
     clients: PeerClients,
     target: NodeId,
     raft_addr: String,
+    /// The last `AppendEntries` the follower accepted whole, if the one after it did not fail.
+    accepted: Option<Accepted>,
+}
+
+/// An `AppendEntries` a follower accepted: under which vote, up to which log id, and when
+/// it was sent.
+#[derive(Clone, Copy, Debug)]
+struct Accepted {
+    vote: openraft::Vote<NodeId>,
+    last: Option<super::LogId>,
+    sent_at: std::time::Instant,
 }
 
 type RpcResult<Resp, E> = Result<Resp, RPCError<NodeId, MemberNode, RaftError<NodeId, E>>>;
@@ -485,13 +501,50 @@ impl RaftNetwork<TypeConfig> for PeerConnection {
     /// Tells the follower a commit index no higher than this node's durable log: a leader
     /// counts its own entries before they are fsynced, and a follower that applied an entry
     /// the leader then lost in a crash would keep an answer the fleet forgot.
+    ///
+    /// openraft 0.9.25 follows every commit with an `AppendEntries` without entries that
+    /// only carries the new commit index, a frame each way and a wake-up on both nodes per
+    /// entry per follower. When the follower accepted, under the same vote, the entries this
+    /// one starts after less than [`COMMIT_ONLY_FRESH`] ago, it is answered `Success` here
+    /// and not sent: the answer only repeats what the follower said (it holds that log id,
+    /// durably, under that vote). The follower learns the commit index from the next one that
+    /// goes out: under load the next entry, about one commit later; idle, the next heartbeat
+    /// (they come every `heartbeat_ms`, and one that finds the last acceptance older than
+    /// the limit goes out). No answer waits on a follower's commit index: a follower's
+    /// callers get their answers from the leader.
     async fn append_entries(
         &mut self,
         mut rpc: AppendEntriesRequest<TypeConfig>,
         option: RPCOption,
     ) -> RpcResult<AppendEntriesResponse<NodeId>, openraft::error::Infallible> {
         rpc.leader_commit = self.clients.durable.clamp_commit(rpc.leader_commit);
-        self.rpc(PeerMethod::AppendEntries, &rpc, &option).await
+        if rpc.entries.is_empty() {
+            if let Some(accepted) = self.accepted {
+                if accepted.vote == rpc.vote
+                    && accepted.last == rpc.prev_log_id
+                    && accepted.sent_at.elapsed() < COMMIT_ONLY_FRESH
+                {
+                    metrics::counter!("ankusa_commit_only_appends_answered_here_total")
+                        .increment(1);
+                    return Ok(AppendEntriesResponse::Success);
+                }
+            }
+        }
+        let sent = Accepted {
+            vote: rpc.vote,
+            last: rpc
+                .entries
+                .last()
+                .map(|entry| entry.log_id)
+                .or(rpc.prev_log_id),
+            sent_at: std::time::Instant::now(),
+        };
+        let response = self.rpc(PeerMethod::AppendEntries, &rpc, &option).await;
+        self.accepted = match &response {
+            Ok(AppendEntriesResponse::Success) => Some(sent),
+            _ => None,
+        };
+        response
     }
 
     async fn install_snapshot(

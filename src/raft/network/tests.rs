@@ -23,6 +23,8 @@ enum Mode {
     UnaryOnly,
     /// Takes the first frame, then breaks the stream without answering it.
     HangUp,
+    /// Answers every frame as a follower that accepts every `AppendEntries`.
+    Accepts,
 }
 
 #[derive(Clone)]
@@ -30,6 +32,7 @@ struct Stub {
     mode: Mode,
     streams_opened: Arc<AtomicUsize>,
     unary_calls: Arc<AtomicUsize>,
+    frames: Arc<AtomicUsize>,
 }
 
 impl Stub {
@@ -87,6 +90,25 @@ impl Peer for Stub {
                 };
                 Ok(Response::new(Box::pin(futures::stream::once(broken))))
             }
+            Mode::Accepts => {
+                let (answers, outbound) = mpsc::unbounded_channel();
+                let frames = Arc::clone(&self.frames);
+                tokio::spawn(async move {
+                    while let Ok(Some(frame)) = calls.message().await {
+                        frames.fetch_add(1, Ordering::SeqCst);
+                        let accepted: Result<AppendEntriesResponse<NodeId>, RaftError<NodeId>> =
+                            Ok(AppendEntriesResponse::Success);
+                        let _ = answers.send(Ok(PeerFrame {
+                            call_id: frame.call_id,
+                            payload: codec::encode(&accepted).expect("encode"),
+                            ..PeerFrame::default()
+                        }));
+                    }
+                });
+                Ok(Response::new(Box::pin(UnboundedReceiverStream::new(
+                    outbound,
+                ))))
+            }
             Mode::Streams => {
                 self.streams_opened.fetch_add(1, Ordering::SeqCst);
                 let (answers, outbound) = mpsc::unbounded_channel();
@@ -122,6 +144,7 @@ async fn serve(mode: Mode) -> (Stub, String) {
         mode,
         streams_opened: Arc::default(),
         unary_calls: Arc::default(),
+        frames: Arc::default(),
     };
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let addr = listener.local_addr().expect("addr").to_string();
@@ -262,4 +285,80 @@ async fn an_unanswered_call_times_out_and_is_forgotten() {
         .await
         .expect("answered");
     assert_eq!(answer, b"stream:\x08");
+}
+
+fn log_id(term: u64, index: u64) -> crate::raft::LogId {
+    openraft::LogId::new(openraft::CommittedLeaderId::new(term, 1), index)
+}
+
+fn append(term: u64, prev: u64, entries: &[u64]) -> AppendEntriesRequest<TypeConfig> {
+    AppendEntriesRequest {
+        vote: openraft::Vote::new_committed(term, 1),
+        prev_log_id: Some(log_id(term, prev)),
+        entries: entries
+            .iter()
+            .map(|index| crate::raft::Entry {
+                log_id: log_id(term, *index),
+                payload: openraft::EntryPayload::Blank,
+            })
+            .collect(),
+        leader_commit: Some(log_id(term, prev)),
+    }
+}
+
+/// openraft follows every commit with an empty `AppendEntries` that only carries the new
+/// commit index. Right after the follower accepted the entries it matches, under the same
+/// vote, that one is answered here; anything else still goes out.
+#[tokio::test]
+async fn a_commit_only_append_right_after_an_accepted_one_is_answered_without_sending() {
+    let (stub, addr) = serve(Mode::Accepts).await;
+    let node = MemberNode {
+        api_addr: String::new(),
+        raft_addr: addr,
+    };
+    let mut peer = clients().new_client(2, &node).await;
+    let sent = || stub.frames.load(Ordering::SeqCst);
+    let option = RPCOption::new(DEADLINE);
+    let accepted = |response: Result<AppendEntriesResponse<NodeId>, _>| {
+        matches!(response, Ok(AppendEntriesResponse::Success))
+    };
+
+    assert!(accepted(
+        peer.append_entries(append(1, 4, &[5, 6]), option.clone())
+            .await
+    ));
+    assert_eq!(sent(), 1);
+    assert!(accepted(
+        peer.append_entries(append(1, 6, &[]), option.clone()).await
+    ));
+    assert_eq!(
+        sent(),
+        1,
+        "the commit-only append after entries up to 6 is answered here"
+    );
+    assert!(accepted(
+        peer.append_entries(append(1, 5, &[]), option.clone()).await
+    ));
+    assert_eq!(
+        sent(),
+        2,
+        "one that does not match what the follower accepted goes out"
+    );
+    assert!(accepted(
+        peer.append_entries(append(2, 5, &[]), option.clone()).await
+    ));
+    assert_eq!(sent(), 3, "so does one under another vote");
+    assert!(accepted(
+        peer.append_entries(append(2, 5, &[]), option.clone()).await
+    ));
+    assert_eq!(sent(), 3, "a repeat of the one just accepted does not");
+    tokio::time::sleep(COMMIT_ONLY_FRESH * 2).await;
+    assert!(accepted(
+        peer.append_entries(append(2, 5, &[]), option.clone()).await
+    ));
+    assert_eq!(
+        sent(),
+        4,
+        "once the last accepted one is older than the limit, it goes out"
+    );
 }
