@@ -342,6 +342,8 @@ log "stopping the fleet"
 if [[ -n $DEV_PID ]]; then stop_pids "$DEV_PID"; fi
 # shellcheck disable=SC2086
 stop_pids $NODE_PIDS
+# Stopped and reaped: the exit cleanup must not signal these pids again (they may be reused).
+DEV_PID="" NODE_PIDS=""
 
 # redis_points NAME REDIS-ARGS... : starts that Redis, measures it alone, stops it.
 redis_points() {
@@ -357,6 +359,9 @@ redis_points() {
             --script scripts/redis/hit.lua --callers "$c" --duration-s "$DURATION_S" --tenants "$TENANTS" --procs "$REDIS_PROCS"
     done
     stop_pids "$REDIS_PID"
+    local kept="" pid
+    for pid in $REDIS_PIDS; do [[ $pid == "$REDIS_PID" ]] || kept="$kept $pid"; done
+    REDIS_PIDS=$kept
 }
 redis_points none --appendonly no
 IDLE_NONE=$IDLE_REDIS

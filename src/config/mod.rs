@@ -281,9 +281,7 @@ impl NodeConfig {
                 .snapshot_logs_since_last
                 .unwrap_or(Defaults::SNAPSHOT_LOGS_SINCE_LAST)
                 .max(1),
-            snapshot_log_percent: file
-                .snapshot_log_percent
-                .unwrap_or(Defaults::SNAPSHOT_LOG_PERCENT),
+            snapshot_log_percent: log_percent(file.snapshot_log_percent)?,
             snapshot_logs_kept: file
                 .snapshot_logs_kept
                 .unwrap_or(Defaults::SNAPSHOT_LOGS_KEPT),
@@ -321,6 +319,21 @@ fn linger_us(value: Option<u64>) -> Result<u64, ConfigError> {
         )),
         Some(v) => Ok(v),
         None => Ok(Defaults::BATCH_LINGER_US),
+    }
+}
+
+/// The largest `snapshot_log_percent`: beyond it the log (and a restart's replay) would grow
+/// to many times the state before a snapshot.
+const SNAPSHOT_LOG_PERCENT_MAX: u64 = 1_000;
+
+fn log_percent(value: Option<u64>) -> Result<u64, ConfigError> {
+    match value {
+        Some(v) if v > SNAPSHOT_LOG_PERCENT_MAX => Err(invalid(
+            "snapshot_log_percent",
+            format!("must be at most {SNAPSHOT_LOG_PERCENT_MAX} (0: entries alone decide)"),
+        )),
+        Some(v) => Ok(v),
+        None => Ok(Defaults::SNAPSHOT_LOG_PERCENT),
     }
 }
 
@@ -410,5 +423,18 @@ raft_addr = "127.0.0.1:7201"
             .expect_err("too long")
             .to_string();
         assert!(err.contains("`batch_linger_us`"), "{err}");
+    }
+
+    #[test]
+    fn snapshot_log_percent_defaults_turns_off_and_is_bounded() {
+        let with = |line: &str| MINIMAL.replace("data_dir", &format!("{line}\ndata_dir"));
+        let config = NodeConfig::from_toml(MINIMAL).expect("valid");
+        assert_eq!(config.snapshot_log_percent, Defaults::SNAPSHOT_LOG_PERCENT);
+        let off = NodeConfig::from_toml(&with("snapshot_log_percent = 0")).expect("valid");
+        assert_eq!(off.snapshot_log_percent, 0);
+        let err = NodeConfig::from_toml(&with("snapshot_log_percent = 1001"))
+            .expect_err("too large")
+            .to_string();
+        assert!(err.contains("`snapshot_log_percent`"), "{err}");
     }
 }

@@ -7,8 +7,8 @@
 //! snapshot every 5000 entries. Here a snapshot also waits until the log written since the
 //! last one reaches `log_percent` of that snapshot's size, as Redis waits before it
 //! rewrites its append-only file (`auto-aof-rewrite-percentage`): snapshot work then grows
-//! with the log written, whatever the size of the state, and the log on disk stays within
-//! that share of the snapshot (plus the entries kept behind it).
+//! with the log written, whatever the size of the state. The log after a snapshot grows to
+//! about that share of its size (or `logs_since_last` entries, if more) before the next.
 //!
 //! openraft runs with `SnapshotPolicy::Never`; [`run`] checks [`SnapshotPolicy::due`]
 //! every [`CHECK_EVERY`] and asks openraft for a snapshot with `Trigger::snapshot`.
@@ -81,7 +81,10 @@ pub async fn run(
             (metrics.last_applied.map(|id| id.index), metrics.snapshot)
         };
         let snapshot_index = snapshot.map(|id| id.index);
-        let log_bytes = log.after(snapshot_index);
+        // Skipped while the log's writer holds it (a purge right after a snapshot, say).
+        let Some(log_bytes) = log.after(snapshot_index) else {
+            continue;
+        };
         let snapshot_bytes = state.snapshot_bytes();
         metrics::gauge!("ankusa_snapshot_bytes").set(snapshot_bytes as f64);
         metrics::gauge!("ankusa_log_bytes_since_snapshot").set(log_bytes as f64);

@@ -159,9 +159,10 @@ pub struct LogBytes {
 
 impl LogBytes {
     /// Bytes of log written after entry `index` (all of it for `None`); entries still on
-    /// their way to disk are not counted yet.
-    pub fn after(&self, index: Option<u64>) -> u64 {
-        self.disk.wal.bytes_after(index)
+    /// their way to disk are not counted yet. `None` while the log's writer holds it (a
+    /// purge or truncation doing its disk IO): this never blocks.
+    pub fn after(&self, index: Option<u64>) -> Option<u64> {
+        self.disk.wal.try_bytes_after(index)
     }
 }
 
@@ -1339,7 +1340,7 @@ mod tests {
         let mut store =
             LogStore::open_with_segment_bytes(&path, NODE, Faults::new(false), 256).expect("open");
         let bytes = store.log_bytes();
-        assert_eq!(bytes.after(None), 0, "an empty log");
+        assert_eq!(bytes.after(None), Some(0), "an empty log");
         let mut entries: Vec<Entry> = (1..=40).map(|index| request_entry(1, index)).collect();
         for chunk in entries.chunks(3) {
             store.blocking_append(chunk.to_vec()).await.expect("append");
@@ -1348,16 +1349,16 @@ mod tests {
             segment_files(&path.with_extension("wal")).len() > 3,
             "rolled over"
         );
-        assert_eq!(bytes.after(None), after(&entries, 0));
+        assert_eq!(bytes.after(None), Some(after(&entries, 0)));
         for index in [1, 7, 20, 39] {
             assert_eq!(
                 bytes.after(Some(index)),
-                after(&entries, index),
+                Some(after(&entries, index)),
                 "after {index}"
             );
         }
-        assert_eq!(bytes.after(Some(40)), 0);
-        assert_eq!(bytes.after(Some(1_000)), 0);
+        assert_eq!(bytes.after(Some(40)), Some(0));
+        assert_eq!(bytes.after(Some(u64::MAX)), Some(0));
         store.truncate(log_id(1, 30)).await.expect("truncate");
         entries.truncate(29);
         let replaced: Vec<Entry> = (30..=33).map(|index| request_entry(2, index)).collect();
@@ -1366,7 +1367,7 @@ mod tests {
             .await
             .expect("append");
         entries.extend(replaced);
-        assert_eq!(bytes.after(Some(25)), after(&entries, 25));
+        assert_eq!(bytes.after(Some(25)), Some(after(&entries, 25)));
     }
 
     /// The next segment's file is made ahead (zeros, fsynced) and becomes the new segment

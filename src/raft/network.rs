@@ -505,7 +505,7 @@ impl RaftNetwork<TypeConfig> for PeerConnection {
     /// openraft 0.9.25 follows every commit with an `AppendEntries` without entries that
     /// only carries the new commit index, a frame each way and a wake-up on both nodes per
     /// entry per follower. When the follower accepted, under the same vote, the entries this
-    /// one starts after less than [`COMMIT_ONLY_FRESH`] ago, it is answered `Success` here
+    /// one starts after less than `COMMIT_ONLY_FRESH` (10 ms) ago, it is answered `Success` here
     /// and not sent: the answer only repeats what the follower said (it holds that log id,
     /// durably, under that vote). The follower learns the commit index from the next one that
     /// goes out: under load the next entry, about one commit later; idle, the next heartbeat

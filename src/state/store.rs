@@ -75,6 +75,8 @@ struct Inner {
     snapshot_seq: AtomicU64,
     /// Size of the current snapshot (0: none yet).
     snapshot_bytes: AtomicU64,
+    /// Held while a snapshot is written (see [`StateMachineStore::persist`]).
+    persisting: Mutex<()>,
 }
 
 /// The fleet state machine (cheap to clone: all clones share one state).
@@ -110,6 +112,7 @@ impl StateMachineStore {
                 db: db.clone(),
                 snapshot_seq: AtomicU64::new(0),
                 snapshot_bytes: AtomicU64::new(snapshot_bytes),
+                persisting: Mutex::new(()),
             }),
         })
     }
@@ -136,16 +139,39 @@ impl StateMachineStore {
 
     /// Writes `data` as the current snapshot and flushes sled, off the async runtime; hands
     /// `data` back (it is moved to the blocking thread, not copied).
+    ///
+    /// openraft builds snapshots in a task of their own, so a build can finish while an
+    /// installed snapshot is being stored: writes take turns, and one older than the stored
+    /// snapshot is not written (openraft drops an older build too), so the stored snapshot
+    /// never goes back behind a log that may already be purged.
     async fn persist(&self, meta: &SnapshotMeta, data: Vec<u8>) -> Result<Vec<u8>, StorageError> {
         let signature = meta.signature();
         let inner = self.inner.clone();
         let meta = meta.clone();
         let written = tokio::task::spawn_blocking(move || {
-            chunks::write(&inner.snapshots, &inner.db, &meta, &data).map(|()| data)
+            let _one_at_a_time = inner
+                .persisting
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            let stored = chunks::stored_last_log_id(&inner.snapshots)?;
+            if stored.is_some_and(|stored| stored > meta.last_log_id) {
+                tracing::info!(
+                    snapshot_id = %meta.snapshot_id,
+                    "not stored: a newer snapshot is already stored"
+                );
+                return Ok(data);
+            }
+            chunks::write(&inner.snapshots, &inner.db, &meta, &data)?;
+            inner
+                .snapshot_bytes
+                .store(data.len() as u64, Ordering::Relaxed);
+            Ok(data)
         })
         .await
         .map_err(|e| StorageIOError::write_snapshot(Some(signature.clone()), &e))?;
-        written.map_err(|e| StorageIOError::write_snapshot(Some(signature), &e).into())
+        written.map_err(|e: StateStoreError| {
+            StorageIOError::write_snapshot(Some(signature), &e).into()
+        })
     }
 }
 
@@ -215,9 +241,6 @@ impl RaftSnapshotBuilder<TypeConfig> for StateMachineStore {
         let data = data.map_err(|e| StorageIOError::write_snapshot(Some(meta.signature()), &e))?;
         let encoded_ms = started.elapsed().as_millis();
         let data = self.persist(&meta, data).await?;
-        self.inner
-            .snapshot_bytes
-            .store(data.len() as u64, Ordering::Relaxed);
         tracing::info!(
             snapshot_id = %meta.snapshot_id,
             size_bytes = data.len(),
@@ -298,11 +321,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         let body = snapshot::decode(&data)
             .map_err(|e| StorageIOError::read_snapshot(Some(meta.signature()), &e))?;
         // The bytes are stored, then let go before the state is built from the body.
-        let size_bytes = data.len() as u64;
         drop(self.persist(meta, data).await?);
-        self.inner
-            .snapshot_bytes
-            .store(size_bytes, Ordering::Relaxed);
         let mut applied = applied_from_body(body);
         // The meta is authoritative for what the snapshot covers.
         applied.last_applied = meta.last_log_id;
@@ -397,5 +416,40 @@ mod tests {
         let read: StoredSnapshot = codec::decode(&as_sequence).expect("decode");
         assert_eq!(read.meta, meta);
         assert_eq!(read.data, data);
+    }
+
+    /// A build that finishes after a newer snapshot was installed does not replace it: the
+    /// stored snapshot, and the size the snapshot policy reads, stay the newer one.
+    #[tokio::test]
+    async fn an_older_snapshot_never_replaces_a_newer_stored_one() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let db = sled::Config::new()
+            .path(dir.path().join("state.sled"))
+            .open()
+            .expect("sled");
+        let state = StateMachineStore::open(&db, DurableLog::everything()).expect("open");
+        let meta = |index: u64| SnapshotMeta {
+            last_log_id: Some(LogId::new(openraft::CommittedLeaderId::new(1, 1), index)),
+            last_membership: StoredMembership::default(),
+            snapshot_id: format!("1-1-{index}"),
+        };
+        let stored_index = || {
+            chunks::stored_last_log_id(&state.inner.snapshots)
+                .expect("read")
+                .flatten()
+                .map(|log_id| log_id.index)
+        };
+        state
+            .persist(&meta(10), vec![10; 100])
+            .await
+            .expect("persist");
+        assert_eq!((stored_index(), state.snapshot_bytes()), (Some(10), 100));
+        state.persist(&meta(5), vec![5; 50]).await.expect("persist");
+        assert_eq!((stored_index(), state.snapshot_bytes()), (Some(10), 100));
+        state
+            .persist(&meta(12), vec![12; 120])
+            .await
+            .expect("persist");
+        assert_eq!((stored_index(), state.snapshot_bytes()), (Some(12), 120));
     }
 }

@@ -436,20 +436,29 @@ impl Wal {
 
     /// Bytes of log written after entry `index` (every entry's for `None`), the committed
     /// ids written between them included: how much log a snapshot at `index` has behind it.
-    pub(super) fn bytes_after(&self, index: Option<u64>) -> u64 {
-        let state = self.lock();
-        state
+    /// `None` when the writer holds the log right now: a purge or a truncation holds it
+    /// through its disk IO, and the caller (on an async runtime) must not wait for that.
+    pub(super) fn try_bytes_after(&self, index: Option<u64>) -> Option<u64> {
+        let state = match self.state.try_lock() {
+            Ok(state) => state,
+            Err(std::sync::TryLockError::WouldBlock) => return None,
+            Err(std::sync::TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
+        };
+        let bytes = state
             .segments
             .values()
             .map(|segment| {
-                let skipped =
-                    index.map_or(0, |index| (index + 1).saturating_sub(segment.first_index));
-                match (segment.spans.get(skipped as usize), segment.spans.last()) {
+                let skipped = index.map_or(0, |index| {
+                    let skipped = index.saturating_add(1).saturating_sub(segment.first_index);
+                    usize::try_from(skipped).unwrap_or(usize::MAX)
+                });
+                match (segment.spans.get(skipped), segment.spans.last()) {
                     (Some(first), Some(last)) => last.offset + last.len - first.offset,
                     _ => 0,
                 }
             })
-            .sum()
+            .sum();
+        Some(bytes)
     }
 
     /// The entries with indexes in `[from, to)` that the log holds (purged ones are gone;

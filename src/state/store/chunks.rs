@@ -57,6 +57,17 @@ fn read_record(tree: &sled::Tree) -> Result<Option<CurrentRecord>, StateStoreErr
     }
 }
 
+/// The last log id the stored snapshot covers: `None` when nothing is stored, or only an
+/// older build's single value (it is replaced by the next write either way).
+///
+/// # Errors
+/// When sled fails or the record does not decode.
+pub(crate) fn stored_last_log_id(
+    tree: &sled::Tree,
+) -> Result<Option<Option<crate::raft::LogId>>, StateStoreError> {
+    Ok(read_record(tree)?.map(|record| record.meta.last_log_id))
+}
+
 /// The current snapshot, if any.
 ///
 /// # Errors
