@@ -151,7 +151,8 @@ pub async fn start(config: NodeConfig, listeners: Listeners) -> Result<RunningNo
         config.node_id,
         faults.clone(),
         durable.clone(),
-    );
+    )
+    .answering_commit_only(std::time::Duration::from_millis(config.heartbeat_ms));
     let raft = Raft::new(
         config.node_id,
         Arc::new(raft_config(&config)?),

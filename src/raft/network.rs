@@ -43,10 +43,13 @@ const CONNECT_TIMEOUT: Duration = Duration::from_millis(500);
 /// HTTP/2 pings on peer connections, and how long an unanswered one may wait.
 const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(1);
 const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(3);
-/// How long after a follower accepted an `AppendEntries` a commit-only one to it is answered
-/// here instead of sent (see [`PeerConnection::append_entries`]). Well under the heartbeat
-/// interval, so an idle fleet's heartbeats still go out every other beat at least.
+/// The longest a commit-only `AppendEntries` may follow the follower's last acceptance and
+/// still be answered here (see [`PeerConnection::append_entries`]); never more than half the
+/// heartbeat interval, so the follower hears from the leader at least that often.
 const COMMIT_ONLY_FRESH: Duration = Duration::from_millis(10);
+/// How long a commit-only `AppendEntries` answered here waits for the next one that goes
+/// out to the same follower (the next entry, under load) before it is sent after all.
+const COMMIT_ONLY_CATCH_UP: Duration = Duration::from_millis(2);
 
 /// A transport failure talking to a peer (its answer, if any, is unknown).
 #[derive(Debug, thiserror::Error)]
@@ -81,6 +84,16 @@ pub struct PeerClients {
     durable: DurableLog,
     channels: Arc<Mutex<HashMap<String, PeerClient<Channel>>>>,
     links: Arc<Mutex<HashMap<String, LinkSlot>>>,
+    /// When commit-only `AppendEntries` may be answered here; never, unless set.
+    commit_only: Option<CommitOnly>,
+}
+
+/// When a commit-only `AppendEntries` is answered here (see
+/// [`PeerConnection::append_entries`]).
+#[derive(Clone, Debug)]
+struct CommitOnly {
+    fresh: Duration,
+    catch_up: Duration,
 }
 
 /// How calls reach one peer, once known; callers wait on it while a stream is being opened,
@@ -240,7 +253,18 @@ impl PeerClients {
             durable,
             channels: Arc::new(Mutex::new(HashMap::new())),
             links: Arc::new(Mutex::new(HashMap::new())),
+            commit_only: None,
         }
+    }
+
+    /// Lets connections answer commit-only `AppendEntries` themselves (see
+    /// [`PeerConnection::append_entries`]); `heartbeat` is openraft's heartbeat interval.
+    pub fn answering_commit_only(mut self, heartbeat: Duration) -> Self {
+        self.commit_only = Some(CommitOnly {
+            fresh: COMMIT_ONLY_FRESH.min(heartbeat / 2),
+            catch_up: COMMIT_ONLY_CATCH_UP,
+        });
+        self
     }
 
     fn client(&self, raft_addr: &str) -> Result<PeerClient<Channel>, PeerError> {
@@ -440,6 +464,7 @@ impl RaftNetworkFactory<TypeConfig> for PeerClients {
             target,
             raft_addr: node.raft_addr.clone(),
             accepted: None,
+            sends: Arc::default(),
         }
     }
 }
@@ -451,6 +476,8 @@ pub struct PeerConnection {
     raft_addr: String,
     /// The last `AppendEntries` the follower accepted whole, if the one after it did not fail.
     accepted: Option<Accepted>,
+    /// `AppendEntries` sent on this connection so far.
+    sends: Arc<std::sync::atomic::AtomicU64>,
 }
 
 /// An `AppendEntries` a follower accepted: under which vote, up to which log id, and when
@@ -465,6 +492,39 @@ struct Accepted {
 type RpcResult<Resp, E> = Result<Resp, RPCError<NodeId, MemberNode, RaftError<NodeId, E>>>;
 
 impl PeerConnection {
+    /// Sends `rpc` (a commit-only `AppendEntries` answered here) after `delay`
+    /// (`COMMIT_ONLY_CATCH_UP`), unless another `AppendEntries` went out to this follower
+    /// meanwhile (it carried a commit index at least as new). So an idle leader's followers
+    /// still learn its last commit within a few milliseconds. The answer is not awaited by
+    /// openraft: the follower already accepted what this one confirms.
+    fn catch_up_later(
+        &self,
+        rpc: AppendEntriesRequest<TypeConfig>,
+        delay: Duration,
+        timeout: Duration,
+    ) {
+        let sends = Arc::clone(&self.sends);
+        let seen = sends.load(std::sync::atomic::Ordering::Relaxed);
+        let clients = self.clients.clone();
+        let (target, raft_addr) = (self.target, self.raft_addr.clone());
+        tokio::spawn(async move {
+            tokio::time::sleep(delay).await;
+            if sends.load(std::sync::atomic::Ordering::Relaxed) != seen {
+                return;
+            }
+            metrics::counter!("ankusa_commit_only_appends_sent_late_total").increment(1);
+            let answer: Result<
+                Result<AppendEntriesResponse<NodeId>, RaftError<NodeId>>,
+                PeerError,
+            > = clients
+                .call(target, &raft_addr, PeerMethod::AppendEntries, &rpc, timeout)
+                .await;
+            if let Err(e) = answer {
+                tracing::debug!(target, error = %e, "a late commit-only AppendEntries failed");
+            }
+        });
+    }
+
     async fn rpc<Req, Resp, E>(
         &self,
         method: PeerMethod,
@@ -504,32 +564,35 @@ impl RaftNetwork<TypeConfig> for PeerConnection {
     ///
     /// openraft 0.9.25 follows every commit with an `AppendEntries` without entries that
     /// only carries the new commit index, a frame each way and a wake-up on both nodes per
-    /// entry per follower. When the follower accepted, under the same vote, the entries this
-    /// one starts after less than `COMMIT_ONLY_FRESH` (10 ms) ago, it is answered `Success` here
-    /// and not sent: the answer only repeats what the follower said (it holds that log id,
-    /// durably, under that vote). The follower learns the commit index from the next one that
-    /// goes out: under load the next entry, about one commit later; idle, the next heartbeat
-    /// (they come every `heartbeat_ms`, and one that finds the last acceptance older than
-    /// the limit goes out). No answer waits on a follower's commit index: a follower's
-    /// callers get their answers from the leader.
+    /// entry per follower. It is answered `Success` here when the follower accepted, under
+    /// the same vote, the entries this one starts after, less than `COMMIT_ONLY_FRESH`
+    /// (10 ms, at most half the heartbeat interval) ago: the answer only repeats what the
+    /// follower said (it holds that log id, durably, under that vote), and openraft moves
+    /// nothing on a heartbeat's answer but its clock. The request itself goes out
+    /// `COMMIT_ONLY_CATCH_UP` (2 ms) later unless another `AppendEntries` to that follower
+    /// went first (under load: the next entry, which carries the commit index), so a
+    /// follower learns a commit at most ~2 ms later than before. A follower's applied state
+    /// matters to its local fallback answers (fallback.md), not to its fleet answers, which
+    /// come from the leader.
     async fn append_entries(
         &mut self,
         mut rpc: AppendEntriesRequest<TypeConfig>,
         option: RPCOption,
     ) -> RpcResult<AppendEntriesResponse<NodeId>, openraft::error::Infallible> {
         rpc.leader_commit = self.clients.durable.clamp_commit(rpc.leader_commit);
-        if rpc.entries.is_empty() {
-            if let Some(accepted) = self.accepted {
-                if accepted.vote == rpc.vote
-                    && accepted.last == rpc.prev_log_id
-                    && accepted.sent_at.elapsed() < COMMIT_ONLY_FRESH
-                {
-                    metrics::counter!("ankusa_commit_only_appends_answered_here_total")
-                        .increment(1);
-                    return Ok(AppendEntriesResponse::Success);
-                }
+        if let (Some(accepted), Some(commit_only)) = (self.accepted, &self.clients.commit_only) {
+            if rpc.entries.is_empty()
+                && accepted.vote == rpc.vote
+                && accepted.last == rpc.prev_log_id
+                && accepted.sent_at.elapsed() < commit_only.fresh
+            {
+                metrics::counter!("ankusa_commit_only_appends_answered_here_total").increment(1);
+                self.catch_up_later(rpc, commit_only.catch_up, option.hard_ttl());
+                return Ok(AppendEntriesResponse::Success);
             }
         }
+        self.sends
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let sent = Accepted {
             vote: rpc.vote,
             last: rpc
@@ -539,6 +602,8 @@ impl RaftNetwork<TypeConfig> for PeerConnection {
                 .or(rpc.prev_log_id),
             sent_at: std::time::Instant::now(),
         };
+        // Forgotten first: openraft drops this future when it times out.
+        self.accepted = None;
         let response = self.rpc(PeerMethod::AppendEntries, &rpc, &option).await;
         self.accepted = match &response {
             Ok(AppendEntriesResponse::Success) => Some(sent),

@@ -307,16 +307,40 @@ fn append(term: u64, prev: u64, entries: &[u64]) -> AppendEntriesRequest<TypeCon
 }
 
 /// openraft follows every commit with an empty `AppendEntries` that only carries the new
-/// commit index. Right after the follower accepted the entries it matches, under the same
-/// vote, that one is answered here; anything else still goes out.
+/// commit index. Right after the follower accepted the entries it starts after, under the
+/// same vote, that one is answered here and sent later only if no other one went out
+/// meanwhile; anything else goes out at once.
 #[tokio::test]
-async fn a_commit_only_append_right_after_an_accepted_one_is_answered_without_sending() {
+async fn a_commit_only_append_right_after_an_accepted_one_is_answered_here_and_sent_late() {
     let (stub, addr) = serve(Mode::Accepts).await;
     let node = MemberNode {
         api_addr: String::new(),
         raft_addr: addr,
     };
-    let mut peer = clients().new_client(2, &node).await;
+    let clients = clients().answering_commit_only(Duration::from_millis(50));
+    let windows =
+        |clients: &PeerClients| clients.commit_only.as_ref().map(|c| (c.fresh, c.catch_up));
+    assert_eq!(
+        windows(&clients),
+        Some((COMMIT_ONLY_FRESH, COMMIT_ONLY_CATCH_UP)),
+        "10 ms when the heartbeat allows it"
+    );
+    let half_beat = clients
+        .clone()
+        .answering_commit_only(Duration::from_millis(8));
+    assert_eq!(
+        windows(&half_beat).map(|(fresh, _)| fresh),
+        Some(Duration::from_millis(4)),
+        "never more than half a heartbeat"
+    );
+    // A loaded test machine may take longer than 10 ms for a round trip, and the late send
+    // is checked on its own below: here the window is long and the late send never comes.
+    let with = |fresh: Duration, catch_up: Duration| {
+        let mut clients = clients.clone();
+        clients.commit_only = Some(CommitOnly { fresh, catch_up });
+        clients
+    };
+    let mut peer = with(DEADLINE, DEADLINE * 10).new_client(2, &node).await;
     let sent = || stub.frames.load(Ordering::SeqCst);
     let option = RPCOption::new(DEADLINE);
     let accepted = |response: Result<AppendEntriesResponse<NodeId>, _>| {
@@ -352,13 +376,54 @@ async fn a_commit_only_append_right_after_an_accepted_one_is_answered_without_se
         peer.append_entries(append(2, 5, &[]), option.clone()).await
     ));
     assert_eq!(sent(), 3, "a repeat of the one just accepted does not");
-    tokio::time::sleep(COMMIT_ONLY_FRESH * 2).await;
+
+    let mut peer = with(Duration::ZERO, DEADLINE * 10)
+        .new_client(2, &node)
+        .await;
     assert!(accepted(
-        peer.append_entries(append(2, 5, &[]), option.clone()).await
+        peer.append_entries(append(2, 5, &[6]), option.clone())
+            .await
+    ));
+    assert!(accepted(
+        peer.append_entries(append(2, 6, &[]), option.clone()).await
     ));
     assert_eq!(
         sent(),
-        4,
-        "once the last accepted one is older than the limit, it goes out"
+        5,
+        "once the last acceptance is older than the window, it goes out"
+    );
+
+    let mut peer = self::clients().new_client(2, &node).await;
+    assert!(accepted(
+        peer.append_entries(append(2, 6, &[7]), option.clone())
+            .await
+    ));
+    assert!(accepted(
+        peer.append_entries(append(2, 7, &[]), option.clone()).await
+    ));
+    assert_eq!(sent(), 7, "clients not told to answer them send every one");
+
+    let mut peer = with(DEADLINE, Duration::from_millis(1))
+        .new_client(2, &node)
+        .await;
+    assert!(accepted(
+        peer.append_entries(append(2, 7, &[8]), option.clone())
+            .await
+    ));
+    assert!(accepted(
+        peer.append_entries(append(2, 8, &[]), option.clone()).await
+    ));
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    while sent() < 9 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the late send never came"
+        );
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    assert_eq!(
+        sent(),
+        9,
+        "answered here, then sent once the catch-up delay passed"
     );
 }
