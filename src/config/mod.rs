@@ -412,29 +412,41 @@ raft_addr = "127.0.0.1:7201"
         assert!(NodeConfig::from_toml(&unknown).is_err());
     }
 
+    /// `key` defaults to `default`, takes 0 (off), and refuses `too_large` by name.
+    fn defaults_turns_off_and_is_bounded(
+        key: &str,
+        read: fn(&NodeConfig) -> u64,
+        default: u64,
+        too_large: u64,
+    ) {
+        let with = |value: u64| MINIMAL.replace("data_dir", &format!("{key} = {value}\ndata_dir"));
+        let config = NodeConfig::from_toml(MINIMAL).expect("valid");
+        assert_eq!(read(&config), default, "{key}");
+        let off = NodeConfig::from_toml(&with(0)).expect("valid");
+        assert_eq!(read(&off), 0, "{key}");
+        let err = NodeConfig::from_toml(&with(too_large))
+            .expect_err("too large")
+            .to_string();
+        assert!(err.contains(&format!("`{key}`")), "{err}");
+    }
+
     #[test]
     fn batch_linger_defaults_turns_off_and_is_bounded() {
-        let with = |line: &str| MINIMAL.replace("data_dir", &format!("{line}\ndata_dir"));
-        let config = NodeConfig::from_toml(MINIMAL).expect("valid");
-        assert_eq!(config.batch_linger_us, Defaults::BATCH_LINGER_US);
-        let off = NodeConfig::from_toml(&with("batch_linger_us = 0")).expect("valid");
-        assert_eq!(off.batch_linger_us, 0);
-        let err = NodeConfig::from_toml(&with("batch_linger_us = 100001"))
-            .expect_err("too long")
-            .to_string();
-        assert!(err.contains("`batch_linger_us`"), "{err}");
+        defaults_turns_off_and_is_bounded(
+            "batch_linger_us",
+            |config| config.batch_linger_us,
+            Defaults::BATCH_LINGER_US,
+            BATCH_LINGER_US_MAX + 1,
+        );
     }
 
     #[test]
     fn snapshot_log_percent_defaults_turns_off_and_is_bounded() {
-        let with = |line: &str| MINIMAL.replace("data_dir", &format!("{line}\ndata_dir"));
-        let config = NodeConfig::from_toml(MINIMAL).expect("valid");
-        assert_eq!(config.snapshot_log_percent, Defaults::SNAPSHOT_LOG_PERCENT);
-        let off = NodeConfig::from_toml(&with("snapshot_log_percent = 0")).expect("valid");
-        assert_eq!(off.snapshot_log_percent, 0);
-        let err = NodeConfig::from_toml(&with("snapshot_log_percent = 1001"))
-            .expect_err("too large")
-            .to_string();
-        assert!(err.contains("`snapshot_log_percent`"), "{err}");
+        defaults_turns_off_and_is_bounded(
+            "snapshot_log_percent",
+            |config| config.snapshot_log_percent,
+            Defaults::SNAPSHOT_LOG_PERCENT,
+            SNAPSHOT_LOG_PERCENT_MAX + 1,
+        );
     }
 }

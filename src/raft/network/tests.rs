@@ -306,6 +306,17 @@ fn append(term: u64, prev: u64, entries: &[u64]) -> AppendEntriesRequest<TypeCon
     }
 }
 
+/// Sends `append(term, prev, entries)` through `peer` and expects it accepted.
+async fn append_ok(peer: &mut PeerConnection, term: u64, prev: u64, entries: &[u64]) {
+    let response = peer
+        .append_entries(append(term, prev, entries), RPCOption::new(DEADLINE))
+        .await;
+    assert!(
+        matches!(response, Ok(AppendEntriesResponse::Success)),
+        "{response:?}"
+    );
+}
+
 /// openraft follows every commit with an empty `AppendEntries` that only carries the new
 /// commit index. Right after the follower accepted the entries it starts after, under the
 /// same vote, that one is answered here and sent later only if no other one went out
@@ -342,51 +353,31 @@ async fn a_commit_only_append_right_after_an_accepted_one_is_answered_here_and_s
     };
     let mut peer = with(DEADLINE, DEADLINE * 10).new_client(2, &node).await;
     let sent = || stub.frames.load(Ordering::SeqCst);
-    let option = RPCOption::new(DEADLINE);
-    let accepted = |response: Result<AppendEntriesResponse<NodeId>, _>| {
-        matches!(response, Ok(AppendEntriesResponse::Success))
-    };
 
-    assert!(accepted(
-        peer.append_entries(append(1, 4, &[5, 6]), option.clone())
-            .await
-    ));
+    append_ok(&mut peer, 1, 4, &[5, 6]).await;
     assert_eq!(sent(), 1);
-    assert!(accepted(
-        peer.append_entries(append(1, 6, &[]), option.clone()).await
-    ));
+    append_ok(&mut peer, 1, 6, &[]).await;
     assert_eq!(
         sent(),
         1,
         "the commit-only append after entries up to 6 is answered here"
     );
-    assert!(accepted(
-        peer.append_entries(append(1, 5, &[]), option.clone()).await
-    ));
+    append_ok(&mut peer, 1, 5, &[]).await;
     assert_eq!(
         sent(),
         2,
         "one that does not match what the follower accepted goes out"
     );
-    assert!(accepted(
-        peer.append_entries(append(2, 5, &[]), option.clone()).await
-    ));
+    append_ok(&mut peer, 2, 5, &[]).await;
     assert_eq!(sent(), 3, "so does one under another vote");
-    assert!(accepted(
-        peer.append_entries(append(2, 5, &[]), option.clone()).await
-    ));
+    append_ok(&mut peer, 2, 5, &[]).await;
     assert_eq!(sent(), 3, "a repeat of the one just accepted does not");
 
     let mut peer = with(Duration::ZERO, DEADLINE * 10)
         .new_client(2, &node)
         .await;
-    assert!(accepted(
-        peer.append_entries(append(2, 5, &[6]), option.clone())
-            .await
-    ));
-    assert!(accepted(
-        peer.append_entries(append(2, 6, &[]), option.clone()).await
-    ));
+    append_ok(&mut peer, 2, 5, &[6]).await;
+    append_ok(&mut peer, 2, 6, &[]).await;
     assert_eq!(
         sent(),
         5,
@@ -394,25 +385,15 @@ async fn a_commit_only_append_right_after_an_accepted_one_is_answered_here_and_s
     );
 
     let mut peer = self::clients().new_client(2, &node).await;
-    assert!(accepted(
-        peer.append_entries(append(2, 6, &[7]), option.clone())
-            .await
-    ));
-    assert!(accepted(
-        peer.append_entries(append(2, 7, &[]), option.clone()).await
-    ));
+    append_ok(&mut peer, 2, 6, &[7]).await;
+    append_ok(&mut peer, 2, 7, &[]).await;
     assert_eq!(sent(), 7, "clients not told to answer them send every one");
 
     let mut peer = with(DEADLINE, Duration::from_millis(1))
         .new_client(2, &node)
         .await;
-    assert!(accepted(
-        peer.append_entries(append(2, 7, &[8]), option.clone())
-            .await
-    ));
-    assert!(accepted(
-        peer.append_entries(append(2, 8, &[]), option.clone()).await
-    ));
+    append_ok(&mut peer, 2, 7, &[8]).await;
+    append_ok(&mut peer, 2, 8, &[]).await;
     let deadline = tokio::time::Instant::now() + DEADLINE;
     while sent() < 9 {
         assert!(
