@@ -276,12 +276,25 @@ impl NodeConfig {
                 file.proposals_in_flight_max,
                 Defaults::PROPOSALS_IN_FLIGHT_MAX,
             )?,
-            batch_linger_us: linger_us(file.batch_linger_us)?,
+            // A batch that waits longer only adds latency.
+            batch_linger_us: at_most(
+                "batch_linger_us",
+                file.batch_linger_us,
+                Defaults::BATCH_LINGER_US,
+                BATCH_LINGER_US_MAX,
+                "0 turns it off",
+            )?,
             snapshot_logs_since_last: file
                 .snapshot_logs_since_last
                 .unwrap_or(Defaults::SNAPSHOT_LOGS_SINCE_LAST)
                 .max(1),
-            snapshot_log_percent: log_percent(file.snapshot_log_percent)?,
+            snapshot_log_percent: at_most(
+                "snapshot_log_percent",
+                file.snapshot_log_percent,
+                Defaults::SNAPSHOT_LOG_PERCENT,
+                SNAPSHOT_LOG_PERCENT_MAX,
+                "0: entries alone decide",
+            )?,
             snapshot_logs_kept: file
                 .snapshot_logs_kept
                 .unwrap_or(Defaults::SNAPSHOT_LOGS_KEPT),
@@ -310,30 +323,22 @@ fn positive(field: &str, value: Option<usize>, default: usize) -> Result<usize, 
     }
 }
 
-/// At most [`BATCH_LINGER_US_MAX`]: a batch that waits longer only adds latency.
-fn linger_us(value: Option<u64>) -> Result<u64, ConfigError> {
-    match value {
-        Some(v) if v > BATCH_LINGER_US_MAX => Err(invalid(
-            "batch_linger_us",
-            format!("must be at most {BATCH_LINGER_US_MAX} (0 turns it off)"),
-        )),
-        Some(v) => Ok(v),
-        None => Ok(Defaults::BATCH_LINGER_US),
-    }
-}
-
 /// The largest `snapshot_log_percent`: beyond it the log (and a restart's replay) would grow
 /// to many times the state before a snapshot.
 const SNAPSHOT_LOG_PERCENT_MAX: u64 = 1_000;
 
-fn log_percent(value: Option<u64>) -> Result<u64, ConfigError> {
+/// `value`, or `default` when absent; more than `max` is refused, `zero` saying what 0 does.
+fn at_most(
+    field: &str,
+    value: Option<u64>,
+    default: u64,
+    max: u64,
+    zero: &str,
+) -> Result<u64, ConfigError> {
     match value {
-        Some(v) if v > SNAPSHOT_LOG_PERCENT_MAX => Err(invalid(
-            "snapshot_log_percent",
-            format!("must be at most {SNAPSHOT_LOG_PERCENT_MAX} (0: entries alone decide)"),
-        )),
+        Some(v) if v > max => Err(invalid(field, format!("must be at most {max} ({zero})"))),
         Some(v) => Ok(v),
-        None => Ok(Defaults::SNAPSHOT_LOG_PERCENT),
+        None => Ok(default),
     }
 }
 
