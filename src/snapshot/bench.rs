@@ -150,7 +150,7 @@ pub fn run(plan: &SnapshotBenchPlan) -> anyhow::Result<SnapshotBenchSummary> {
         };
         let (stored, store_cpu_ms, store_wall_ms) =
             timed(|| chunks::write(&tree, &db, &meta, &data));
-        stored?;
+        anyhow::ensure!(stored?, "the snapshot was not stored");
         let (loaded, load_cpu_ms, _) = timed(|| -> anyhow::Result<FleetState> {
             let stored = chunks::read(&tree)?.context("the snapshot just stored is missing")?;
             let body = snapshot::decode(&stored.data)?;

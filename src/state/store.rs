@@ -153,18 +153,16 @@ impl StateMachineStore {
                 .persisting
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner);
-            let stored = chunks::stored_last_log_id(&inner.snapshots)?;
-            if stored.is_some_and(|stored| stored > meta.last_log_id) {
+            if chunks::write(&inner.snapshots, &inner.db, &meta, &data)? {
+                inner
+                    .snapshot_bytes
+                    .store(data.len() as u64, Ordering::Relaxed);
+            } else {
                 tracing::info!(
                     snapshot_id = %meta.snapshot_id,
                     "not stored: a newer snapshot is already stored"
                 );
-                return Ok(data);
             }
-            chunks::write(&inner.snapshots, &inner.db, &meta, &data)?;
-            inner
-                .snapshot_bytes
-                .store(data.len() as u64, Ordering::Relaxed);
             Ok(data)
         })
         .await
@@ -434,9 +432,9 @@ mod tests {
             snapshot_id: format!("1-1-{index}"),
         };
         let stored_index = || {
-            chunks::stored_last_log_id(&state.inner.snapshots)
+            chunks::read(&state.inner.snapshots)
                 .expect("read")
-                .flatten()
+                .and_then(|stored| stored.meta.last_log_id)
                 .map(|log_id| log_id.index)
         };
         state

@@ -57,17 +57,6 @@ fn read_record(tree: &sled::Tree) -> Result<Option<CurrentRecord>, StateStoreErr
     }
 }
 
-/// The last log id the stored snapshot covers: `None` when nothing is stored, or only an
-/// older build's single value (it is replaced by the next write either way).
-///
-/// # Errors
-/// When sled fails or the record does not decode.
-pub(crate) fn stored_last_log_id(
-    tree: &sled::Tree,
-) -> Result<Option<Option<crate::raft::LogId>>, StateStoreError> {
-    Ok(read_record(tree)?.map(|record| record.meta.last_log_id))
-}
-
 /// The current snapshot, if any.
 ///
 /// # Errors
@@ -97,7 +86,9 @@ pub(crate) fn read(tree: &sled::Tree) -> Result<Option<StoredSnapshot>, StateSto
     }))
 }
 
-/// Makes `meta` and `data` the current snapshot and flushes sled.
+/// Makes `meta` and `data` the current snapshot and flushes sled; `false`, and nothing
+/// written, when the stored snapshot covers a later log id than `meta` (the caller makes
+/// writes take turns).
 ///
 /// # Errors
 /// When sled fails.
@@ -106,8 +97,15 @@ pub(crate) fn write(
     db: &sled::Db,
     meta: &SnapshotMeta,
     data: &[u8],
-) -> Result<(), StateStoreError> {
-    let previous = read_record(tree)?.map(|record| record.generation);
+) -> Result<bool, StateStoreError> {
+    let previous = read_record(tree)?;
+    if previous
+        .as_ref()
+        .is_some_and(|record| record.meta.last_log_id > meta.last_log_id)
+    {
+        return Ok(false);
+    }
+    let previous = previous.map(|record| record.generation);
     remove_chunks_except(tree, previous)?;
     let generation = previous.map_or(0, |generation| generation.wrapping_add(1));
     for (index, chunk) in (0u64..).zip(data.chunks(CHUNK_BYTES)) {
@@ -122,7 +120,7 @@ pub(crate) fn write(
     tree.remove(LEGACY_KEY)?;
     db.flush()?;
     remove_chunks_except(tree, Some(generation))?;
-    Ok(())
+    Ok(true)
 }
 
 /// Removes every chunk that does not belong to generation `keep`.
