@@ -184,8 +184,11 @@ start_dev_fleet() {
 
 # The same 3 nodes as dev (cluster-configs/local-3, as dev embeds them) with every port
 # swapped for a free one, each `serve` started here: for a machine where another fleet holds
-# dev's ports.
+# dev's ports. Each node gets dev's runtime size too (a third of the cores, at least one
+# worker): with tokio's default of one worker per core, three nodes on 2 cores measured
+# 26.2k streaming hits/s at 42.5 us/hit against 29.3k at 35.8 (64 callers).
 start_free_port_fleet() {
+    local workers=${TOKIO_WORKER_THREADS:-$(( $(nproc) / 3 > 0 ? $(nproc) / 3 : 1 ))}
     log "starting 3 serve nodes (local-3 configs) on free ports in $WORK/fleet"
     mkdir -p "$WORK/fleet"
     local subst=() n old addrs=() pid ports
@@ -199,13 +202,14 @@ start_free_port_fleet() {
         sed "${subst[@]}" \
             -e "s#^data_dir = .*#data_dir = \"$WORK/fleet/node$n\"#" \
             "cluster-configs/local-3/node$n.toml" >"$WORK/fleet/node$n.toml"
-        "$BIN" serve --config "$WORK/fleet/node$n.toml" >"$WORK/fleet/node$n.log" 2>&1 &
+        TOKIO_WORKER_THREADS=$workers "$BIN" serve --config "$WORK/fleet/node$n.toml" \
+            >"$WORK/fleet/node$n.log" 2>&1 &
         pid=$!
         NODE_PIDS="$NODE_PIDS $pid"
     done
     NODE_PIDS=${NODE_PIDS# }
     FLEET_ADDRS=$(IFS=,; echo "${addrs[*]}")
-    FLEET_MODE="3 serve processes, local-3 configs on free ports"
+    FLEET_MODE="3 serve processes, local-3 configs on free ports, $workers tokio worker(s) each"
     local lines ids
     for _ in $(seq 120); do   # 60 s
         for pid in $NODE_PIDS; do
