@@ -159,40 +159,33 @@ impl FleetState {
             if due.deadline_us > self.clock_us {
                 break;
             }
-            let Some(Due { deadline_us, item }) = self.expiry.pop() else {
+            let Some(due) = self.expiry.pop() else {
                 break;
             };
-            self.sweep(deadline_us, item);
+            self.sweep(due);
         }
         self.clock_us
     }
 
-    fn sweep(&mut self, deadline_us: u64, item: Expiring) {
+    fn sweep(&mut self, due: Due) {
         let (clock_us, expiry) = (self.clock_us, &mut self.expiry);
+        let Due {
+            deadline_us,
+            hash,
+            item,
+        } = due;
         match item {
             Expiring::Bucket(bucket) => {
                 let deadline_of = |tat_us: &u64| *tat_us;
-                sweep_one(
-                    &mut self.buckets,
-                    expiry,
-                    bucket,
-                    deadline_us,
-                    clock_us,
-                    deadline_of,
-                    Expiring::Bucket,
-                );
+                let map = &mut self.buckets;
+                let due = (deadline_us, hash, bucket);
+                sweep_one(map, expiry, due, clock_us, deadline_of, Expiring::Bucket);
             }
             Expiring::Claim(key) => {
                 let deadline_of = |record: &ClaimRecord| record.expires_at_us;
-                sweep_one(
-                    &mut self.claims,
-                    expiry,
-                    key,
-                    deadline_us,
-                    clock_us,
-                    deadline_of,
-                    Expiring::Claim,
-                );
+                let map = &mut self.claims;
+                let due = (deadline_us, hash, key);
+                sweep_one(map, expiry, due, clock_us, deadline_of, Expiring::Claim);
             }
         }
     }
@@ -295,9 +288,15 @@ type ExpiryQueue = BinaryHeap<Due>;
 /// `(deadline, item)` they were told apart key by key, string by string, at every step of
 /// the heap (`perf`: ~2.5 % of the fleet's CPU). Their order changes nothing, since each
 /// is swept on its own.
+///
+/// It keeps the item's hash in its map: sweeping it then finds the item without hashing the
+/// key again, and (the queue holding the map's own `Arc` of the key) without reading the
+/// key's strings, which at a million claims were cache misses (`perf`: the sweep was 11 %
+/// of a steady fleet's CPU).
 #[derive(Clone, Debug)]
 struct Due {
     deadline_us: u64,
+    hash: u64,
     item: Expiring,
 }
 
@@ -332,13 +331,15 @@ fn store<K: Hash + Eq, V: Clone>(
     deadline_us: u64,
     expiring: fn(Arc<K>) -> Expiring,
 ) {
-    match map.get_mut(&key) {
+    let hash = map.hash_of(&key);
+    match map.get_mut_hashed(hash, &key) {
         Some(slot) => {
             slot.value = value;
             if deadline_us < slot.queued_us {
                 slot.queued_us = deadline_us;
                 expiry.push(Due {
                     deadline_us,
+                    hash,
                     item: expiring(Arc::new(key)),
                 });
             }
@@ -347,29 +348,31 @@ fn store<K: Hash + Eq, V: Clone>(
             let key = Arc::new(key);
             expiry.push(Due {
                 deadline_us,
+                hash,
                 item: expiring(Arc::clone(&key)),
             });
             let slot = Slot {
                 value,
                 queued_us: deadline_us,
             };
-            map.insert(key, slot);
+            map.insert_hashed(hash, key, slot);
         }
     }
 }
 
-/// Handles one popped expiry entry: a stale one (not the item's `queued_us`) is dropped,
-/// an expired item removed, an extended one re-queued at its current deadline.
+/// Handles one popped expiry entry `(deadline, hash, key)`: drops the item if it expired
+/// by `clock_us`, re-queues it at its current deadline if it was extended, and ignores the
+/// entry if it is stale (the item is gone or another entry is responsible for it).
 fn sweep_one<K: Hash + Eq, V: Clone>(
     map: &mut Sharded<Arc<K>, Slot<V>>,
     expiry: &mut ExpiryQueue,
-    key: Arc<K>,
-    deadline_us: u64,
+    (deadline_us, hash, key): (u64, u64, Arc<K>),
     clock_us: u64,
     deadline_of: impl Fn(&V) -> u64,
     expiring: fn(Arc<K>) -> Expiring,
 ) {
-    let Some(slot) = map.get_mut(&*key) else {
+    // Looked up as the `Arc` itself: `Arc`'s equality checks the pointer before the key.
+    let Some(slot) = map.get_mut_hashed(hash, &key) else {
         return;
     };
     if slot.queued_us != deadline_us {
@@ -377,11 +380,12 @@ fn sweep_one<K: Hash + Eq, V: Clone>(
     }
     let current_us = deadline_of(&slot.value);
     if current_us <= clock_us {
-        map.remove(&*key);
+        map.remove_hashed(hash, &key);
     } else {
         slot.queued_us = current_us;
         expiry.push(Due {
             deadline_us: current_us,
+            hash,
             item: expiring(key),
         });
     }

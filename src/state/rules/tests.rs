@@ -1695,6 +1695,7 @@ fn the_expiry_queue_pops_the_soonest_deadline_first_whatever_the_item() {
     for (deadline_us, key) in [(30, "a"), (10, "z"), (20, "m"), (10, "b")] {
         queue.push(Due {
             deadline_us,
+            hash: 0,
             item: claim(key),
         });
     }
