@@ -73,20 +73,12 @@ const SNAPSHOT_EVERY_20: &str = "snapshot_logs_since_last = 20\n\
                                  snapshot_logs_kept = 0\n\
                                  batch_commands_max = 1";
 
-/// The log index of the newest snapshot node `id` logged as built. The state store names a
-/// snapshot `{leader_id}-{index}-{seq}` (e.g. `T1-N2-1180-55`).
+/// The log index of the newest snapshot node `id` logged as built.
 fn newest_snapshot_index(fleet: &Fleet, id: u64) -> Option<u64> {
-    let log = std::fs::read_to_string(&fleet.nodes[&id].log_path).ok()?;
-    log.lines()
-        .filter(|line| line.contains("snapshot built"))
-        .filter_map(|line| {
-            let id = line
-                .split("snapshot_id=")
-                .nth(1)?
-                .split_whitespace()
-                .next()?;
-            id.rsplit('-').nth(1)?.parse::<u64>().ok()
-        })
+    fleet
+        .snapshots_built(id)
+        .into_iter()
+        .map(|(index, _)| index)
         .max()
 }
 

@@ -675,6 +675,31 @@ impl Fleet {
     }
 }
 
+impl Fleet {
+    /// Every snapshot node `id` logged as built (all its runs), in order: its last log index
+    /// and its size. The state store names a snapshot `T{term}-N{leader}-{index}-{seq}`
+    /// (e.g. `T1-N2-1180-55`) and logs `size_bytes` beside it.
+    pub fn snapshots_built(&self, id: u64) -> Vec<(u64, u64)> {
+        let log = std::fs::read_to_string(&self.nodes[&id].log_path).unwrap_or_default();
+        let field = |line: &str, name: &str| -> Option<String> {
+            let value = line.split(name).nth(1)?.split_whitespace().next()?;
+            Some(value.to_string())
+        };
+        log.lines()
+            .filter(|line| line.contains("snapshot built"))
+            .filter_map(|line| {
+                let index = field(line, "snapshot_id=")?
+                    .rsplit('-')
+                    .nth(1)?
+                    .parse()
+                    .ok()?;
+                let size = field(line, "size_bytes=")?.parse().ok()?;
+                Some((index, size))
+            })
+            .collect()
+    }
+}
+
 impl Applied {
     /// Entries applied since `earlier`, or `None` when the term changed in between: a new
     /// leader appends an entry of its own, so the count then says nothing about requests.
