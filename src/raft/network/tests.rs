@@ -394,17 +394,62 @@ async fn a_commit_only_append_right_after_an_accepted_one_is_answered_here_and_s
         .await;
     append_ok(&mut peer, 2, 7, &[8]).await;
     append_ok(&mut peer, 2, 8, &[]).await;
-    let deadline = tokio::time::Instant::now() + DEADLINE;
-    while sent() < 9 {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the late send never came"
-        );
-        tokio::time::sleep(Duration::from_millis(1)).await;
-    }
+    wait_for_frames(&stub, 9, "the late send never came").await;
     assert_eq!(
         sent(),
         9,
         "answered here, then sent once the catch-up delay passed"
+    );
+}
+
+/// Waits (with the test's deadline) until the stub counted `frames` frames.
+async fn wait_for_frames(stub: &Stub, frames: usize, what: &str) {
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    while stub.frames.load(Ordering::SeqCst) < frames {
+        assert!(tokio::time::Instant::now() < deadline, "{what}");
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+}
+
+/// A commit-only `AppendEntries` answered here is not sent late when another one went to
+/// that follower first: that one carried a commit index at least as new.
+#[tokio::test]
+async fn a_late_commit_only_append_is_dropped_when_another_went_first() {
+    let (stub, addr) = serve(Mode::Accepts).await;
+    let node = MemberNode {
+        api_addr: String::new(),
+        raft_addr: addr,
+    };
+    // A catch-up delay far longer than the test's next call takes even on a loaded machine:
+    // the first late send must find that call already gone out.
+    let mut clients = clients();
+    clients.commit_only = Some(CommitOnly {
+        fresh: DEADLINE,
+        catch_up: Duration::from_secs(2),
+    });
+    let mut peer = clients.new_client(2, &node).await;
+    let sent = || stub.frames.load(Ordering::SeqCst);
+
+    append_ok(&mut peer, 2, 8, &[9]).await;
+    append_ok(&mut peer, 2, 9, &[]).await;
+    assert_eq!(sent(), 1, "the commit-only append is answered here");
+    append_ok(&mut peer, 2, 9, &[10]).await;
+    assert_eq!(sent(), 2, "entries go out at once");
+    // This one's late send is due after the first one's: once it arrived, the first one's
+    // had its turn too.
+    append_ok(&mut peer, 2, 10, &[]).await;
+    wait_for_frames(
+        &stub,
+        3,
+        "the second commit-only append was never sent late",
+    )
+    .await;
+    // One more round trip on the same ordered stream: anything written before its answer
+    // has been counted.
+    append_ok(&mut peer, 2, 10, &[11]).await;
+    assert_eq!(
+        sent(),
+        4,
+        "only the second commit-only append was sent late; the first was dropped"
     );
 }
