@@ -317,17 +317,23 @@ async fn append_ok(peer: &mut PeerConnection, term: u64, prev: u64, entries: &[u
     );
 }
 
+/// A stub follower that accepts every `AppendEntries`, and its address as a member.
+async fn accepting_follower() -> (Stub, MemberNode) {
+    let (stub, addr) = serve(Mode::Accepts).await;
+    let node = MemberNode {
+        api_addr: String::new(),
+        raft_addr: addr,
+    };
+    (stub, node)
+}
+
 /// openraft follows every commit with an empty `AppendEntries` that only carries the new
 /// commit index. Right after the follower accepted the entries it starts after, under the
 /// same vote, that one is answered here and sent later only if no other one went out
 /// meanwhile; anything else goes out at once.
 #[tokio::test]
 async fn a_commit_only_append_right_after_an_accepted_one_is_answered_here_and_sent_late() {
-    let (stub, addr) = serve(Mode::Accepts).await;
-    let node = MemberNode {
-        api_addr: String::new(),
-        raft_addr: addr,
-    };
+    let (stub, node) = accepting_follower().await;
     let clients = clients().answering_commit_only(Duration::from_millis(50));
     let windows =
         |clients: &PeerClients| clients.commit_only.as_ref().map(|c| (c.fresh, c.catch_up));
@@ -415,11 +421,7 @@ async fn wait_for_frames(stub: &Stub, frames: usize, what: &str) {
 /// that follower first: that one carried a commit index at least as new.
 #[tokio::test]
 async fn a_late_commit_only_append_is_dropped_when_another_went_first() {
-    let (stub, addr) = serve(Mode::Accepts).await;
-    let node = MemberNode {
-        api_addr: String::new(),
-        raft_addr: addr,
-    };
+    let (stub, node) = accepting_follower().await;
     // A catch-up delay far longer than the test's next call takes even on a loaded machine:
     // the first late send must find that call already gone out.
     let mut clients = clients();
