@@ -18,7 +18,8 @@
 #   REDIS_PROCS    driver worker processes (default: min(callers, CPUs))
 #   BUILD_TIMEOUT  seconds allowed for cargo build --release (default 3600; waits on locks)
 #   FLEET_PORTS    auto (default): `ankusa-fleet dev` when its fixed ports 7101-7103/7201-7203
-#                  are free, else the same 3 nodes started here on free ports; dev; free
+#                  are free, else the same 3 nodes started here on free ports (with dev's
+#                  tokio worker count, TOKIO_WORKER_THREADS if set); dev; free
 #
 # Needs cargo; installs redis-server (and python3) with apt-get when missing. The fleet is
 # `ankusa-fleet dev` (fixed ports 127.0.0.1:7101-7103 and 7201-7203; see FLEET_PORTS);
