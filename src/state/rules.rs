@@ -19,6 +19,9 @@ use super::shards::Sharded;
 
 /// Microseconds in a millisecond.
 const US_PER_MS: u64 = 1_000;
+/// Most expiry entries popped before they are swept (see [`FleetState::advance_clock`]):
+/// a log entry's claims share a deadline, ~60 of them under load.
+const SWEEP_BATCH: usize = 256;
 
 /// Something that expires on its own: a bucket once its TAT passes, a claim at `expires_at`.
 #[derive(Clone, Debug)]
@@ -46,7 +49,7 @@ pub struct FleetState {
     // Sharded: growing one never pauses apply for a rehash of everything (see `shards`).
     buckets: Sharded<Arc<BucketKey>, Slot<u64>>,
     claims: Sharded<Arc<ClaimKey>, Slot<ClaimRecord>>,
-    /// Min-heap of (deadline, item). Entries whose deadline is not the item's `queued_us`
+    /// Min-heap of (deadline, hash, item). Entries whose deadline is not the item's `queued_us`
     /// are stale (the item was removed and re-inserted) and are dropped when popped.
     expiry: ExpiryQueue,
 }
@@ -155,18 +158,24 @@ impl FleetState {
     /// leader's wall clock is behind the old one's.
     pub fn advance_clock(&mut self, now_us: u64) -> u64 {
         self.clock_us = self.clock_us.max(now_us);
-        // Everything due first, then the sweeps: each sweep's lookup is a cache miss or two
-        // in a large table, and lookups in a row, with no heap work between them, overlap.
-        // (A sweep re-queues only at deadlines after the clock, never due in this call.)
+        // What is due is popped a batch at a time, then swept: each sweep's lookup is a cache
+        // miss or two in a large table, and lookups in a row, with no heap work between
+        // them, overlap. (A sweep re-queues only at deadlines after the clock, never due in
+        // this call.) Batches stay small, so a long jump of the clock costs no large buffer.
         let mut due_now = Vec::new();
-        while let Some(due) = self.expiry.peek() {
-            if due.deadline_us > self.clock_us {
+        loop {
+            while let Some(due) = self.expiry.peek() {
+                if due.deadline_us > self.clock_us || due_now.len() == SWEEP_BATCH {
+                    break;
+                }
+                due_now.extend(self.expiry.pop());
+            }
+            if due_now.is_empty() {
                 break;
             }
-            due_now.extend(self.expiry.pop());
-        }
-        for due in due_now {
-            self.sweep(due);
+            for due in due_now.drain(..) {
+                self.sweep(due);
+            }
         }
         self.clock_us
     }
@@ -336,15 +345,15 @@ fn store<K: Hash + Eq, V: Clone>(
     expiring: fn(Arc<K>) -> Expiring,
 ) {
     let hash = map.hash_of(&key);
-    match map.get_mut_hashed(hash, &key) {
-        Some(slot) => {
+    match map.get_key_value_mut_hashed(hash, &key) {
+        Some((stored, slot)) => {
             slot.value = value;
             if deadline_us < slot.queued_us {
                 slot.queued_us = deadline_us;
                 expiry.push(Due {
                     deadline_us,
                     hash,
-                    item: expiring(Arc::new(key)),
+                    item: expiring(Arc::clone(stored)),
                 });
             }
         }

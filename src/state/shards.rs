@@ -126,8 +126,18 @@ impl<K: Hash + Eq + Clone, V: Clone> Sharded<K, V> {
         K: Borrow<Q>,
         Q: Eq + ?Sized,
     {
+        self.get_key_value_mut_hashed(hash, key)
+            .map(|(_, value)| value)
+    }
+
+    /// The stored key (the map's own, which a caller can share) and its value.
+    pub(super) fn get_key_value_mut_hashed<Q>(&mut self, hash: u64, key: &Q) -> Option<(&K, &mut V)>
+    where
+        K: Borrow<Q>,
+        Q: Eq + ?Sized,
+    {
         let shard = shard_of(hash);
-        match &mut self.overlay {
+        let item = match &mut self.overlay {
             Some(overlay) => {
                 if overlay.find(hash, holds(hash, key)).is_none() {
                     // First change since the freeze: copy the item into the overlay.
@@ -139,14 +149,12 @@ impl<K: Hash + Eq + Clone, V: Clone> Sharded<K, V> {
                     };
                     overlay.insert_unique(hash, copy, stored_hash);
                 }
-                overlay
-                    .find_mut(hash, holds(hash, key))
-                    .and_then(|item| item.value.as_mut())
+                let Item { key, value, .. } = overlay.find_mut(hash, holds(hash, key))?;
+                return value.as_mut().map(|value| (&*key, value));
             }
-            None => Arc::make_mut(&mut self.base)[shard]
-                .find_mut(hash, holds(hash, key))
-                .map(|item| &mut item.value),
-        }
+            None => Arc::make_mut(&mut self.base)[shard].find_mut(hash, holds(hash, key))?,
+        };
+        Some((&item.key, &mut item.value))
     }
 
     /// Inserts or replaces; true when the key was not there.

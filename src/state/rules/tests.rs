@@ -1568,11 +1568,26 @@ fn stamp_us(clock_us: u64, step_us: i64) -> u64 {
 }
 
 proptest! {
+    /// Also while a snapshot holds the state frozen for a stretch of the entries (changes
+    /// and expiries then go through the maps' overlays), and after it thaws.
     #[test]
-    fn rules_agree_with_the_reference_model(entries in arb_entries(1)) {
+    fn rules_agree_with_the_reference_model(
+        entries in arb_entries(1),
+        freeze_at in any::<prop::sample::Index>(),
+        frozen_for in 0usize..40,
+    ) {
         let mut state = FleetState::default();
         let mut model = Model::default();
-        for (step_us, commands) in &entries {
+        let freeze_at = freeze_at.index(entries.len());
+        let mut frozen = None;
+        for (i, (step_us, commands)) in entries.iter().enumerate() {
+            if i == freeze_at {
+                frozen = Some(state.freeze());
+            }
+            if i == freeze_at + frozen_for {
+                frozen = None;
+                state.thaw();
+            }
             let now_us = stamp_us(model.clock_us, *step_us);
             let got = apply_batch(&mut state, commands, now_us);
             let want = model.apply_batch(commands, now_us);
@@ -1590,6 +1605,8 @@ proptest! {
                 prop_assert_eq!(state.claim(&key), model.claim(&key), "{:?}", key);
             }
         }
+        drop(frozen);
+        state.thaw();
         let last_us = model.last_deadline_us();
         prop_assert_eq!(apply_batch(&mut state, &[], last_us), vec![]);
         prop_assert!(state.is_empty(), "stored {:?} at {}", state.len(), last_us);
