@@ -148,10 +148,9 @@ async fn kill_all_and_restart(fleet: &mut Fleet) -> u64 {
     leader
 }
 
-fn snapshots_built(fleet: &Fleet) -> Vec<usize> {
-    (1..=3)
-        .map(|id| fleet.log_count(id, "snapshot built"))
-        .collect()
+/// How many snapshots each node has logged as built.
+fn snapshot_counts(fleet: &Fleet) -> Vec<usize> {
+    (1..=3).map(|id| fleet.snapshots_built(id).len()).collect()
 }
 
 /// Waits until every node built a snapshot since `before` was counted, so its restart loads
@@ -159,7 +158,7 @@ fn snapshots_built(fleet: &Fleet) -> Vec<usize> {
 async fn wait_for_new_snapshots(fleet: &Fleet, before: &[usize]) {
     fleet
         .wait_for("every node built a new snapshot", || async {
-            let now = snapshots_built(fleet);
+            let now = snapshot_counts(fleet);
             now.iter().zip(before).all(|(n, b)| n > b).then_some(())
         })
         .await;
@@ -193,7 +192,7 @@ async fn restarting_every_node_twice_loses_no_answer() {
         fleet.assert_duplicates(id, TENANT, &committed, 8).await;
     }
     tracing::info!("--- spend 2 of the 4 tokens left, commit 20 more claims");
-    let before = snapshots_built(&fleet);
+    let before = snapshot_counts(&fleet);
     spend(&fleet, leader, 2).await;
     let second = keys("second", 20);
     fleet.commit_claims(&[1, 2, 3], TENANT, &second, 2).await;

@@ -134,7 +134,7 @@ pub fn run(plan: &SnapshotBenchPlan) -> anyhow::Result<SnapshotBenchSummary> {
         .temporary(true)
         .open()
         .with_context(|| format!("opening a scratch sled database in {}", dir.display()))?;
-    let tree = db.open_tree("snapshots")?;
+    let tree = db.open_tree(crate::state::store::SNAPSHOT_TREE)?;
     let membership = StoredMembership::default();
     let mut rounds = Vec::with_capacity(plan.rounds);
     for round in 0..plan.rounds {

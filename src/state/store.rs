@@ -27,7 +27,7 @@ use crate::snapshot::{self, SnapshotBody};
 pub(crate) mod chunks;
 
 /// The sled tree holding the latest snapshot (laid out by [`chunks`]).
-const SNAPSHOT_TREE: &str = "snapshots";
+pub(crate) const SNAPSHOT_TREE: &str = "snapshots";
 
 /// The state machine could not be opened.
 #[derive(Debug, thiserror::Error)]
