@@ -40,7 +40,10 @@ const LINGER_FROM_COMMANDS: usize = 2;
 /// One caller waiting in the queue: a local caller with one command, or a follower's
 /// forwarded batch with many (it stays one unit: one reply, no per-command channel).
 struct Queued {
+    /// Moved out into the batch's shared slice when the batch is sent.
     commands: Vec<Command>,
+    /// How many commands the unit brought (its share of the batch's answers).
+    count: usize,
     deadline: Instant,
     reply: oneshot::Sender<ProposeResponse>,
 }
@@ -123,6 +126,7 @@ impl Proposer {
     async fn enqueue(&self, commands: Vec<Command>, deadline: Instant) -> ProposeResponse {
         let (reply, answers) = oneshot::channel();
         let queued = Queued {
+            count: commands.len(),
             commands,
             deadline,
             reply,
@@ -226,7 +230,7 @@ struct Batch {
 impl Batch {
     fn new(first: Queued, commands_max: usize) -> Self {
         Self {
-            commands: first.commands.len(),
+            commands: first.count,
             units: vec![first],
             commands_max,
         }
@@ -234,10 +238,10 @@ impl Batch {
 
     /// Adds `queued`, or gives it back when it would not fit.
     fn admit(&mut self, queued: Queued) -> Result<(), Queued> {
-        if self.commands + queued.commands.len() > self.commands_max {
+        if self.commands + queued.count > self.commands_max {
             return Err(queued);
         }
-        self.commands += queued.commands.len();
+        self.commands += queued.count;
         self.units.push(queued);
         Ok(())
     }
@@ -255,8 +259,8 @@ fn reply_all(batch: Vec<Queued>, outcome: ProposeResponse) {
         }
     };
     for queued in batch {
-        let own: Vec<Answer> = answers.by_ref().take(queued.commands.len()).collect();
-        let reply = if own.len() == queued.commands.len() {
+        let own: Vec<Answer> = answers.by_ref().take(queued.count).collect();
+        let reply = if own.len() == queued.count {
             Ok(own)
         } else {
             Err(ProposeRefusal::Fatal {
@@ -265,6 +269,33 @@ fn reply_all(batch: Vec<Queued>, outcome: ProposeResponse) {
         };
         let _ = queued.reply.send(reply);
     }
+}
+
+/// Drops the units whose callers gave up, with their commands. The rare case copies the
+/// commands that stay; the usual one hands `commands` back as it is.
+fn without_given_up(batch: &mut Vec<Queued>, commands: Arc<[Command]>) -> Arc<[Command]> {
+    // Read once: a caller can give up at any moment, and the commands kept must be exactly
+    // those of the units kept.
+    let gave_up: Vec<bool> = batch
+        .iter()
+        .map(|queued| queued.reply.is_closed())
+        .collect();
+    if !gave_up.contains(&true) {
+        return commands;
+    }
+    let mut kept_commands = Vec::new();
+    let mut kept_units = Vec::with_capacity(batch.len());
+    let mut start = 0;
+    for (queued, gave_up) in batch.drain(..).zip(gave_up) {
+        let end = start + queued.count;
+        if !gave_up {
+            kept_commands.extend_from_slice(&commands[start..end]);
+            kept_units.push(queued);
+        }
+        start = end;
+    }
+    *batch = kept_units;
+    kept_commands.into()
 }
 
 /// Routes batches to the leader: `client_write` when this node leads, a `Propose` call to
@@ -289,28 +320,27 @@ impl Router {
     }
 
     async fn commit_batch(&self, mut batch: Vec<Queued>) {
+        // The commands move into one shared slice, sent as is by every attempt; each unit
+        // keeps its count, to take its answers back out.
+        let mut commands: Arc<[Command]> = batch
+            .iter_mut()
+            .flat_map(|queued| std::mem::take(&mut queued.commands))
+            .collect();
         loop {
             // Callers that gave up (answered locally at their deadline) are dropped before
             // every attempt: a command not yet sent must not take effect behind their back.
-            batch.retain(|queued| !queued.reply.is_closed());
+            commands = without_given_up(&mut batch, commands);
             let Some(deadline) = batch.iter().map(|queued| queued.deadline).max() else {
                 return;
-            };
-            // One copy of the commands per attempt (the batch keeps the originals to answer).
-            let commands = || {
-                batch
-                    .iter()
-                    .flat_map(|queued| queued.commands.iter().cloned())
-                    .collect::<Vec<_>>()
             };
             let leader = self.raft.metrics().borrow().current_leader;
             let outcome = match leader {
                 Some(leader_id) => {
                     let sent_at = Instant::now();
                     let (role, outcome) = if leader_id == self.node_id {
-                        ("leader", self.write_here(commands(), deadline).await)
+                        ("leader", self.write_here(commands.clone(), deadline).await)
                     } else {
-                        let outcome = self.forward(leader_id, commands(), deadline).await;
+                        let outcome = self.forward(leader_id, &commands, deadline).await;
                         ("follower", outcome)
                     };
                     metrics::histogram!("ankusa_commit_seconds", "role" => role)
@@ -343,10 +373,10 @@ impl Router {
             .max(now_us)
     }
 
-    async fn write_here(&self, commands: Vec<Command>, deadline: Instant) -> ProposeResponse {
+    async fn write_here(&self, commands: Arc<[Command]>, deadline: Instant) -> ProposeResponse {
         let request = FleetRequest {
             now_us: self.stamp_now_us(),
-            commands: commands.into(),
+            commands,
         };
         match tokio::time::timeout_at(deadline, self.raft.client_write(request)).await {
             Err(_elapsed) => Err(ProposeRefusal::Unavailable {
@@ -367,7 +397,7 @@ impl Router {
     async fn forward(
         &self,
         leader_id: NodeId,
-        commands: Vec<Command>,
+        commands: &[Command],
         deadline: Instant,
     ) -> ProposeResponse {
         let raft_addr = {
@@ -468,6 +498,7 @@ mod tests {
         let command = Command::Reset { tenant: "t".into() };
         Queued {
             commands: vec![command; commands],
+            count: commands,
             deadline: Instant::now(),
             reply: oneshot::channel().0,
         }
@@ -498,6 +529,56 @@ mod tests {
         assert_eq!(linger_target(10, 0, true, &limits(1_000)), 8);
         assert_eq!(linger_target(10, 0, false, &limits(1_000)), 9);
         assert_eq!(linger_target(32, 2, false, &limits(1_000)), 32);
+    }
+
+    /// A unit of `tenants.len()` resets, and the receiver that keeps its caller waiting.
+    fn waiting_unit(tenants: &[&str]) -> (Queued, oneshot::Receiver<ProposeResponse>) {
+        let (reply, answers) = oneshot::channel();
+        let commands: Vec<Command> = tenants
+            .iter()
+            .map(|tenant| Command::Reset {
+                tenant: (*tenant).into(),
+            })
+            .collect();
+        let queued = Queued {
+            count: commands.len(),
+            commands,
+            deadline: Instant::now(),
+            reply,
+        };
+        (queued, answers)
+    }
+
+    fn tenants_of(commands: &[Command]) -> Vec<String> {
+        commands
+            .iter()
+            .map(|command| match command {
+                Command::Reset { tenant } => tenant.to_string(),
+                other => panic!("not a reset: {other:?}"),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_unit_whose_caller_gave_up_leaves_with_exactly_its_commands() {
+        let (a, _a_waits) = waiting_unit(&["a1", "a2"]);
+        let (b, b_waits) = waiting_unit(&["b1"]);
+        let (c, _c_waits) = waiting_unit(&["c1", "c2", "c3"]);
+        let mut batch = vec![a, b, c];
+        let commands: Arc<[Command]> = batch
+            .iter_mut()
+            .flat_map(|queued| std::mem::take(&mut queued.commands))
+            .collect();
+
+        let same = without_given_up(&mut batch, commands.clone());
+        assert!(Arc::ptr_eq(&same, &commands), "nobody gave up: no copy");
+        assert_eq!(batch.len(), 3);
+
+        drop(b_waits);
+        let kept = without_given_up(&mut batch, commands);
+        assert_eq!(tenants_of(&kept), ["a1", "a2", "c1", "c2", "c3"]);
+        let counts: Vec<usize> = batch.iter().map(|queued| queued.count).collect();
+        assert_eq!(counts, [2, 3], "the units kept line up with their commands");
     }
 
     #[test]

@@ -50,10 +50,12 @@ pub type StoredMembership = openraft::StoredMembership<NodeId, MemberNode>;
 /// A log entry of this config.
 pub type Entry = openraft::Entry<TypeConfig>;
 
-/// A batch of edge commands a follower hands to the leader (the Peer `Propose` RPC).
+/// A batch of edge commands a follower hands to the leader (the Peer `Propose` RPC). The
+/// leader decodes owned commands; a follower encodes from the batch's shared slice
+/// (`ProposeRequest<&[Command]>`, the same bytes), so a forward copies no command.
 #[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct ProposeRequest {
-    pub commands: Vec<crate::state::Command>,
+pub struct ProposeRequest<C = Vec<crate::state::Command>> {
+    pub commands: C,
     /// What is left of the callers' deadline when the batch was sent.
     pub timeout_ms: u64,
 }

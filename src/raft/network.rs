@@ -37,6 +37,7 @@ use super::{MemberNode, NodeId, ProposeRequest, ProposeResponse, TypeConfig};
 use crate::codec;
 use crate::pb::internal::peer_client::PeerClient;
 use crate::pb::internal::{PeerFrame, PeerMethod, RaftMessage};
+use crate::state::Command;
 
 /// How long to wait for a TCP connection to a peer before calling it unreachable.
 const CONNECT_TIMEOUT: Duration = Duration::from_millis(500);
@@ -447,7 +448,7 @@ impl PeerClients {
         &self,
         target: NodeId,
         raft_addr: &str,
-        request: &ProposeRequest,
+        request: &ProposeRequest<&[Command]>,
         timeout: Duration,
     ) -> Result<ProposeResponse, PeerError> {
         self.call(target, raft_addr, PeerMethod::Propose, request, timeout)
