@@ -26,10 +26,11 @@ use validate::{InvalidArgument, RequestDefaults};
 /// The one table from node errors to gRPC status codes.
 pub fn status_of(error: NodeError) -> Status {
     match error {
-        NodeError::Unavailable { .. } | NodeError::NotLeader { .. } => {
-            Status::unavailable(error.to_string())
-        }
-        NodeError::Overloaded { .. } => Status::resource_exhausted(error.to_string()),
+        // Calls that can be answered locally are (SPEC section 7); what reaches here is a
+        // reset, which the fleet could not take in time (SPEC section 10), or an admin call.
+        NodeError::Unavailable { .. }
+        | NodeError::Overloaded { .. }
+        | NodeError::NotLeader { .. } => Status::unavailable(error.to_string()),
         NodeError::Membership { .. } => Status::failed_precondition(error.to_string()),
         NodeError::Local(_) | NodeError::Fatal { .. } => Status::internal(error.to_string()),
     }

@@ -384,6 +384,14 @@ impl ChargeLedger {
     pub fn is_empty(&self) -> bool {
         self.lock().is_empty()
     }
+
+    /// Drops what `tenant`'s buckets (both kinds) were charged locally: a reset forgets
+    /// them, so reconciliation must not charge them to the fleet afterwards.
+    pub fn forget_tenant(&self, tenant: &crate::state::TenantId) {
+        self.lock().retain(|bucket, _| {
+            !matches!(bucket, crate::state::BucketKey::Tenant { tenant: t, .. } if t == tenant)
+        });
+    }
 }
 
 /// The rules answer a hit-shaped command with a hit answer.
@@ -392,5 +400,49 @@ fn hit_answer(answer: Answer) -> HitAnswer {
         Answer::Hit(answer) => answer,
         // A true invariant of `rules::apply`: Hit and ProbeCharges yield Answer::Hit.
         other => unreachable!("rules answered a hit with {other:?}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::state::{BucketKey, EntityId, Kind, TenantId};
+
+    fn charge(bucket: BucketKey, increment_us: u64) -> Charge {
+        Charge {
+            bucket,
+            increment_us,
+            capacity_us: 1_000_000,
+        }
+    }
+
+    fn tenant(kind: Kind, tenant: &str) -> BucketKey {
+        BucketKey::Tenant {
+            kind,
+            tenant: tenant.into(),
+        }
+    }
+
+    #[test]
+    fn a_reset_tenant_leaves_the_ledger_with_its_buckets_of_both_kinds() {
+        let ledger = ChargeLedger::default();
+        let entity = BucketKey::Entity {
+            entity_id: EntityId::from("t"),
+            operation: "op".into(),
+        };
+        ledger.record(&[
+            charge(tenant(Kind::Hooks, "t"), 10),
+            charge(tenant(Kind::Bytes, "t"), 20),
+            charge(tenant(Kind::Hooks, "other"), 30),
+            charge(entity.clone(), 40),
+        ]);
+        ledger.forget_tenant(&TenantId::from("t"));
+        let mut left: Vec<(BucketKey, u64)> = ledger
+            .take()
+            .into_iter()
+            .map(|charge| (charge.bucket, charge.increment_us))
+            .collect();
+        left.sort();
+        assert_eq!(left, [(tenant(Kind::Hooks, "other"), 30), (entity, 40)]);
     }
 }

@@ -76,6 +76,17 @@ pub enum NodeError {
     Fatal { reason: String },
 }
 
+impl NodeError {
+    /// The fleet could not take the call (no leader, its deadline passed, or its queue is
+    /// full): SPEC section 7 has this node answer from its own state instead.
+    fn fleet_unavailable(&self) -> bool {
+        matches!(
+            self,
+            NodeError::Unavailable { .. } | NodeError::Overloaded { .. }
+        )
+    }
+}
+
 impl From<ProposeRefusal> for NodeError {
     fn from(refusal: ProposeRefusal) -> Self {
         match refusal {
@@ -206,8 +217,8 @@ impl Node {
                 node: self.id,
             };
             return match self.propose_hit(command, deadline).await {
-                Err(NodeError::Unavailable { .. }) => {
-                    self.fallback_hit(&input.charges, input.claim.as_ref())
+                Err(e) if e.fleet_unavailable() => {
+                    self.fallback_hit(&input.charges, input.claim.as_ref(), &e)
                 }
                 other => other.map(Decided::fleet),
             };
@@ -244,8 +255,8 @@ impl Node {
         };
         let (charged, decided_by) = match self.propose_hit(command, deadline).await {
             Ok(answer) => (answer, DecidedBy::Fleet),
-            Err(NodeError::Unavailable { .. }) => {
-                let reason = self.local_reason();
+            Err(e) if e.fleet_unavailable() => {
+                let reason = self.local_reason(&e);
                 let answer = self.fallback_charges(&input.charges, blocked.is_none())?;
                 (answer, DecidedBy::Local { reason })
             }
@@ -276,7 +287,7 @@ impl Node {
         };
         let decided = match self.propose_hit(take, deadline).await {
             Ok(answer) => Decided::fleet(answer),
-            Err(NodeError::Unavailable { .. }) => self.fallback_hit(&[], input.claim.as_ref())?,
+            Err(e) if e.fleet_unavailable() => self.fallback_hit(&[], input.claim.as_ref(), &e)?,
             Err(e) => return Err(e),
         };
         if decided.answer == HitAnswer::Allowed {
@@ -311,7 +322,7 @@ impl Node {
             Scope::Fleet => self.propose(command.clone(), deadline).await,
         };
         match answer {
-            Err(NodeError::Unavailable { .. }) => self.queue_settle(command).await,
+            Err(e) if e.fleet_unavailable() => self.queue_settle(command, &e).await,
             other => settle_answer(other?).map(Decided::fleet),
         }
     }
@@ -319,7 +330,11 @@ impl Node {
     /// A settle the fleet did not take in time: applied to the fallback index (so this node
     /// answers duplicate for its own commit), written to the on-disk queue, answered
     /// `Queued`; [`reconcile`] retries it until the fleet applies it.
-    async fn queue_settle(&self, command: Command) -> Result<Decided<SettleAnswer>, NodeError> {
+    async fn queue_settle(
+        &self,
+        command: Command,
+        why: &NodeError,
+    ) -> Result<Decided<SettleAnswer>, NodeError> {
         let Command::Settle {
             key,
             hook_id,
@@ -347,13 +362,17 @@ impl Node {
         Ok(Decided {
             answer: SettleAnswer::Queued,
             decided_by: DecidedBy::Local {
-                reason: self.local_reason(),
+                reason: self.local_reason(why),
             },
         })
     }
 
-    /// Why the fleet did not answer, for `local_reason`.
-    fn local_reason(&self) -> String {
+    /// Why the fleet did not answer `why`, for `local_reason`: a full queue says so with
+    /// its retry hint, anything else by whether a leader is known.
+    fn local_reason(&self, why: &NodeError) -> String {
+        if let NodeError::Overloaded { .. } = why {
+            return why.to_string();
+        }
         match self.raft.metrics().borrow().current_leader {
             None => "no leader".to_owned(),
             Some(_) => "deadline".to_owned(),
@@ -366,6 +385,7 @@ impl Node {
         &self,
         charges: &[Charge],
         claim: Option<&ClaimRequest>,
+        why: &NodeError,
     ) -> Result<Decided<HitAnswer>, NodeError> {
         let (replica, voters) = self.replica_view(charges, claim);
         let local_charges = self.fallback.local_charges(charges, voters);
@@ -377,7 +397,7 @@ impl Node {
             self.fallback.ledger.record(charges);
         }
         metrics::counter!("ankusa_fallback_answers_total", "call" => "hit").increment(1);
-        let reason = self.local_reason();
+        let reason = self.local_reason(why);
         tracing::debug!(?answer, %reason, "hit answered locally");
         Ok(Decided {
             answer,
@@ -440,16 +460,20 @@ impl Node {
         self.id
     }
 
-    /// SPEC section 10: node-local buckets are cleared whatever the fleet does.
+    /// SPEC section 10: node-local buckets are cleared whatever the fleet does: node
+    /// scope's, the fallback's, and the charges the fallback granted that wait to be handed
+    /// to the fleet (they would charge the tenant again after the reset).
     ///
     /// # Errors
     /// When the fleet could not take it in time.
     pub async fn reset(&self, input: ResetInput) -> Result<(), NodeError> {
         let deadline = Instant::now() + input.timeout;
+        self.fallback.ledger.forget_tenant(&input.tenant);
         let command = Command::Reset {
             tenant: input.tenant,
         };
         self.local.apply(&command, None)?;
+        self.fallback.engine.apply(&command, None)?;
         self.propose(command, deadline).await?;
         Ok(())
     }
@@ -470,7 +494,7 @@ impl Node {
                     node: self.id,
                 };
                 match self.propose_hit(command, deadline).await {
-                    Err(NodeError::Unavailable { .. }) => self.fallback_hit(&charges, None),
+                    Err(e) if e.fleet_unavailable() => self.fallback_hit(&charges, None, &e),
                     other => other.map(Decided::fleet),
                 }
             }
