@@ -27,6 +27,7 @@ use crate::raft::log_store::LogStore;
 use crate::raft::network::PeerClients;
 use crate::raft::service::PeerService;
 use crate::raft::{MemberNode, Raft};
+use crate::state::sled_disk::SledDisk;
 use crate::state::store::StateMachineStore;
 
 /// Largest gRPC message between peers (snapshot chunks, big batches).
@@ -136,11 +137,8 @@ pub async fn start(config: NodeConfig, listeners: Listeners) -> Result<RunningNo
     .map_err(|e| StartError::LogStore(e.to_string()))?;
     let durable = log_store.durable();
     let log_bytes = log_store.log_bytes();
-    let db = sled::Config::new()
-        .path(config.data_dir.join("state.sled"))
-        .cache_capacity(SLED_CACHE_BYTES)
-        .open()?;
-    let state = StateMachineStore::open(&db, durable.clone())?;
+    let disk = SledDisk::open(&config.data_dir.join("state.sled"), SLED_CACHE_BYTES)?;
+    let state = StateMachineStore::open(&disk, durable.clone())?;
     let snapshot_state = state.clone();
     let local = LocalEngine::open(
         &config.data_dir.join(crate::fallback::NODE_SCOPE_JOURNAL),
@@ -181,7 +179,7 @@ pub async fn start(config: NodeConfig, listeners: Listeners) -> Result<RunningNo
         local,
         fallback: Fallback::open(
             &config.data_dir,
-            &db,
+            &disk,
             config.node_id,
             config.fallback_budget,
         )?,

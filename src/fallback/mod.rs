@@ -34,6 +34,8 @@ pub enum LocalError {
     Journal(#[from] journal::JournalError),
     #[error("settle queue: {0}")]
     Sled(#[from] sled::Error),
+    #[error("settle queue, syncing to the disk: {0}")]
+    Sync(#[from] std::io::Error),
     #[error("settle queue record: {0}")]
     Codec(#[from] codec::CodecError),
 }
@@ -253,19 +255,19 @@ pub struct Fallback {
 }
 
 impl Fallback {
-    /// Opens the fallback's claim journal in `data_dir` and its settle queue in `db`.
+    /// Opens the fallback's claim journal in `data_dir` and its settle queue in `disk`.
     ///
     /// # Errors
     /// When the journal or sled fails, or a stored record does not decode.
     pub fn open(
         data_dir: &Path,
-        db: &sled::Db,
+        disk: &crate::state::sled_disk::SledDisk,
         node_id: NodeId,
         budget: crate::config::FallbackBudget,
     ) -> Result<Self, LocalError> {
         Ok(Self {
             engine: LocalEngine::open(&data_dir.join(FALLBACK_JOURNAL), node_id)?,
-            queue: queue::SettleQueue::open(db)?,
+            queue: queue::SettleQueue::open(disk)?,
             ledger: ChargeLedger::default(),
             budget,
         })

@@ -1,13 +1,15 @@
 //! Settles the fleet did not take in time, kept on this node's disk until the fleet applies
 //! them (SPEC section 6: a settle is never lost, also across a restart of this node).
 //!
-//! Written (and flushed) before the edge is told `QUEUED`; removed only after the fleet
+//! Written and synced to the disk ([`SledDisk::flush_to_disk`]) before the edge is told
+//! `QUEUED`; removed only after the fleet
 //! answered it. Order is kept: keys are a big-endian sequence number.
 
 use serde::{Deserialize, Serialize};
 
 use super::LocalError;
 use crate::codec;
+use crate::state::sled_disk::SledDisk;
 use crate::state::{ClaimKey, HookId, SettleOutcome};
 
 /// The sled tree of queued settles.
@@ -24,31 +26,34 @@ pub struct QueuedSettle {
 
 /// The on-disk queue of settles.
 pub struct SettleQueue {
-    db: sled::Db,
+    disk: SledDisk,
     tree: sled::Tree,
 }
 
 impl SettleQueue {
-    /// Opens the queue in `db`; what a previous run left is still there.
+    /// Opens the queue in `disk`; what a previous run left is still there.
     ///
     /// # Errors
     /// When sled fails.
-    pub fn open(db: &sled::Db) -> Result<Self, LocalError> {
+    pub fn open(disk: &SledDisk) -> Result<Self, LocalError> {
         Ok(Self {
-            db: db.clone(),
-            tree: db.open_tree(QUEUE_TREE)?,
+            disk: disk.clone(),
+            tree: disk.db().open_tree(QUEUE_TREE)?,
         })
     }
 
-    /// Appends a settle and flushes it to disk before returning.
+    /// Appends a settle and syncs it to the disk before returning.
     ///
     /// # Errors
-    /// When sled cannot write or flush: the caller must not answer `QUEUED`.
+    /// When sled cannot write it or it cannot be synced: the caller must not answer `QUEUED`.
     pub async fn push(&self, settle: &QueuedSettle) -> Result<(), LocalError> {
-        let seq = self.db.generate_id()?;
+        let seq = self.disk.db().generate_id()?;
         self.tree
             .insert(seq.to_be_bytes(), codec::encode(settle)?)?;
-        self.tree.flush_async().await?;
+        let disk = self.disk.clone();
+        tokio::task::spawn_blocking(move || disk.flush_to_disk())
+            .await
+            .map_err(std::io::Error::other)??;
         Ok(())
     }
 

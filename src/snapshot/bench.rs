@@ -14,6 +14,7 @@ use serde::Serialize;
 
 use crate::raft::{SnapshotMeta, StoredMembership};
 use crate::snapshot;
+use crate::state::sled_disk::SledDisk;
 use crate::state::store::chunks;
 use crate::state::{
     rules, BucketKey, Charge, ClaimKey, ClaimRequest, Command, FleetState, HookId, Kind, SourceId,
@@ -129,12 +130,12 @@ pub fn run(plan: &SnapshotBenchPlan) -> anyhow::Result<SnapshotBenchSummary> {
     let dir = plan
         .scratch_dir
         .join(format!("ankusa-bench-snapshot-{}", std::process::id()));
-    let db = sled::Config::new()
-        .path(&dir)
-        .temporary(true)
-        .open()
+    // A real database (synced to the disk like a node's), removed at the end: the guard is
+    // dropped after the database.
+    let _scratch = RemovedOnDrop(dir.clone());
+    let db = SledDisk::open(&dir, 64 << 20)
         .with_context(|| format!("opening a scratch sled database in {}", dir.display()))?;
-    let tree = db.open_tree(crate::state::store::SNAPSHOT_TREE)?;
+    let tree = db.db().open_tree(crate::state::store::SNAPSHOT_TREE)?;
     let membership = StoredMembership::default();
     let mut rounds = Vec::with_capacity(plan.rounds);
     for round in 0..plan.rounds {
@@ -179,6 +180,15 @@ pub fn run(plan: &SnapshotBenchPlan) -> anyhow::Result<SnapshotBenchSummary> {
         tenants: plan.tenants,
         rounds,
     })
+}
+
+/// A scratch directory removed when this goes out of scope, also on an error.
+struct RemovedOnDrop(PathBuf);
+
+impl Drop for RemovedOnDrop {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
 }
 
 #[cfg(test)]

@@ -7,6 +7,7 @@
 pub mod model;
 pub mod rules;
 mod shards;
+pub mod sled_disk;
 pub mod store;
 
 pub use model::*;

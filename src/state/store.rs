@@ -16,6 +16,7 @@ use serde::{Deserialize, Serialize};
 
 use super::model::FleetResponse;
 use super::rules::{self, FleetState};
+use super::sled_disk::SledDisk;
 use crate::codec;
 use crate::raft::log_store::DurableLog;
 use crate::raft::{
@@ -34,6 +35,8 @@ pub(crate) const SNAPSHOT_TREE: &str = "snapshots";
 pub enum StateStoreError {
     #[error("sled: {0}")]
     Sled(#[from] sled::Error),
+    #[error("syncing sled to the disk: {0}")]
+    Sync(#[from] std::io::Error),
     #[error("stored snapshot is unreadable: {0}")]
     Snapshot(#[from] snapshot::SnapshotFormatError),
     #[error("stored snapshot metadata is unreadable: {0}")]
@@ -71,7 +74,7 @@ struct Inner {
     durable: DurableLog,
     applied: Mutex<Applied>,
     snapshots: sled::Tree,
-    db: sled::Db,
+    disk: SledDisk,
     snapshot_seq: AtomicU64,
     /// Size of the current snapshot (0: none yet).
     snapshot_bytes: AtomicU64,
@@ -93,8 +96,8 @@ impl StateMachineStore {
     /// When sled fails or the stored snapshot fails its checksum (a node must not serve from
     /// a state it cannot trust).
     /// Entries are applied only once `durable` says they are on this node's disk.
-    pub fn open(db: &sled::Db, durable: DurableLog) -> Result<Self, StateStoreError> {
-        let snapshots = db.open_tree(SNAPSHOT_TREE)?;
+    pub fn open(disk: &SledDisk, durable: DurableLog) -> Result<Self, StateStoreError> {
+        let snapshots = disk.db().open_tree(SNAPSHOT_TREE)?;
         let mut applied = Applied::default();
         let mut snapshot_bytes = 0;
         if let Some(stored) = chunks::read(&snapshots)? {
@@ -109,7 +112,7 @@ impl StateMachineStore {
                 durable,
                 applied: Mutex::new(applied),
                 snapshots,
-                db: db.clone(),
+                disk: disk.clone(),
                 snapshot_seq: AtomicU64::new(0),
                 snapshot_bytes: AtomicU64::new(snapshot_bytes),
                 persisting: Mutex::new(()),
@@ -137,7 +140,8 @@ impl StateMachineStore {
             .map_err(|e| StorageIOError::read_snapshot(None, &e).into())
     }
 
-    /// Writes `data` as the current snapshot and flushes sled, off the async runtime; hands
+    /// Writes `data` as the current snapshot and syncs it to the disk (openraft purges the
+    /// log it covers once this returns), off the async runtime; hands
     /// `data` back (it is moved to the blocking thread, not copied).
     ///
     /// openraft builds snapshots in a task of their own, so a build can finish while an
@@ -153,7 +157,7 @@ impl StateMachineStore {
                 .persisting
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner);
-            if chunks::write(&inner.snapshots, &inner.db, &meta, &data)? {
+            if chunks::write(&inner.snapshots, &inner.disk, &meta, &data)? {
                 inner
                     .snapshot_bytes
                     .store(data.len() as u64, Ordering::Relaxed);
@@ -371,11 +375,8 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let mut log = LogStore::open(&dir.path().join("raft-log.redb"), 1, Faults::new(false))
             .expect("open log");
-        let db = sled::Config::new()
-            .path(dir.path().join("state.sled"))
-            .open()
-            .expect("sled");
-        let mut state = StateMachineStore::open(&db, log.durable()).expect("open state");
+        let disk = SledDisk::open(&dir.path().join("state.sled"), 1 << 20).expect("sled");
+        let mut state = StateMachineStore::open(&disk, log.durable()).expect("open state");
         let entry = Entry {
             log_id: LogId::new(openraft::CommittedLeaderId::new(1, 1), 1),
             payload: EntryPayload::Blank,
@@ -421,11 +422,8 @@ mod tests {
     #[tokio::test]
     async fn an_older_snapshot_never_replaces_a_newer_stored_one() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let db = sled::Config::new()
-            .path(dir.path().join("state.sled"))
-            .open()
-            .expect("sled");
-        let state = StateMachineStore::open(&db, DurableLog::everything()).expect("open");
+        let disk = SledDisk::open(&dir.path().join("state.sled"), 1 << 20).expect("sled");
+        let state = StateMachineStore::open(&disk, DurableLog::everything()).expect("open");
         let meta = |index: u64| SnapshotMeta {
             last_log_id: Some(LogId::new(openraft::CommittedLeaderId::new(1, 1), index)),
             last_membership: StoredMembership::default(),

@@ -18,6 +18,7 @@ use serde::{Deserialize, Serialize};
 use super::{StateStoreError, StoredSnapshot};
 use crate::codec;
 use crate::raft::SnapshotMeta;
+use crate::state::sled_disk::SledDisk;
 
 /// The record naming the current snapshot.
 const CURRENT_KEY: &[u8] = b"current-chunked";
@@ -86,15 +87,15 @@ pub(crate) fn read(tree: &sled::Tree) -> Result<Option<StoredSnapshot>, StateSto
     }))
 }
 
-/// Makes `meta` and `data` the current snapshot and flushes sled; `false`, and nothing
+/// Makes `meta` and `data` the current snapshot and syncs it to the disk; `false`, and nothing
 /// written, when the stored snapshot covers a later log id than `meta` (the caller makes
 /// writes take turns).
 ///
 /// # Errors
-/// When sled fails.
+/// When sled fails or its files cannot be synced.
 pub(crate) fn write(
     tree: &sled::Tree,
-    db: &sled::Db,
+    disk: &SledDisk,
     meta: &SnapshotMeta,
     data: &[u8],
 ) -> Result<bool, StateStoreError> {
@@ -118,7 +119,7 @@ pub(crate) fn write(
     };
     tree.insert(CURRENT_KEY, codec::encode(&record)?)?;
     tree.remove(LEGACY_KEY)?;
-    db.flush()?;
+    disk.flush_to_disk()?;
     remove_chunks_except(tree, Some(generation))?;
     Ok(true)
 }
@@ -140,13 +141,10 @@ fn remove_chunks_except(tree: &sled::Tree, keep: Option<u64>) -> Result<(), Stat
 mod tests {
     use super::*;
 
-    fn open() -> (tempfile::TempDir, sled::Db, sled::Tree) {
+    fn open() -> (tempfile::TempDir, SledDisk, sled::Tree) {
         let dir = tempfile::tempdir().expect("tempdir");
-        let db = sled::Config::new()
-            .path(dir.path().join("db"))
-            .open()
-            .expect("sled");
-        let tree = db.open_tree("snapshots").expect("tree");
+        let db = SledDisk::open(&dir.path().join("db"), 1 << 20).expect("sled");
+        let tree = db.db().open_tree("snapshots").expect("tree");
         (dir, db, tree)
     }
 
