@@ -7,16 +7,22 @@
 //! [`SledDisk::flush_to_disk`] flushes sled and then fsyncs what it wrote: its log and
 //! config, every blob, and the directories that name them.
 
+use std::collections::HashMap;
 use std::fs::File;
 use std::io;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 /// A sled database and the directory it lives in (cheap to clone).
 #[derive(Clone)]
 pub struct SledDisk {
     db: sled::Db,
     dir: Arc<PathBuf>,
+    /// Write-once files (`blobs/*`, `snap.*`: created, written once from the start, never
+    /// changed) already synced, with their length before that sync: a queued settle does not
+    /// re-sync a snapshot's hundred blobs, and a file still being written when it was synced
+    /// has grown since, so it is synced again.
+    synced: Arc<Mutex<HashMap<PathBuf, u64>>>,
 }
 
 impl SledDisk {
@@ -32,6 +38,7 @@ impl SledDisk {
         Ok(Self {
             db,
             dir: Arc::new(dir.to_path_buf()),
+            synced: Arc::default(),
         })
     }
 
@@ -48,31 +55,67 @@ impl SledDisk {
     /// the disk, so it must not be acknowledged.
     pub fn flush_to_disk(&self) -> io::Result<usize> {
         self.db.flush()?;
-        sync_tree(&self.dir)
+        let mut synced = self
+            .synced
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut present = HashMap::new();
+        let count = sync_tree(&self.dir, &synced, &mut present)?;
+        // Only what still exists is remembered: removed blobs do not pile up here.
+        *synced = present;
+        Ok(count)
     }
 }
 
-/// fsyncs every file under `dir` (sled's `db`, `conf`, `snap.*` and `blobs/*`), then each
-/// directory after the names in it. A blob that sled removes meanwhile (its value was
-/// replaced) is skipped: there is nothing of it left to keep.
-fn sync_tree(dir: &Path) -> io::Result<usize> {
-    let mut synced = 0;
+/// fsyncs every file under `dir` (sled's `db`, `conf`, `snap.*` and `blobs/*`) except the
+/// write-once files `synced` at their present length, then each directory after the names in
+/// it; collects the write-once files now on the disk in `present` and returns how many it
+/// synced. A blob
+/// that sled removes meanwhile (its value was replaced) is skipped: there is nothing of it
+/// left to keep.
+fn sync_tree(
+    dir: &Path,
+    synced: &HashMap<PathBuf, u64>,
+    present: &mut HashMap<PathBuf, u64>,
+) -> io::Result<usize> {
+    let mut count = 0;
     for entry in std::fs::read_dir(dir)? {
         let entry = entry?;
         let kind = entry.file_type()?;
+        let path = entry.path();
         if kind.is_dir() {
-            synced += sync_tree(&entry.path())?;
-        } else if kind.is_file() {
-            match File::open(entry.path()) {
-                Ok(file) => file.sync_all()?,
-                Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
-                Err(e) => return Err(e),
-            }
-            synced += 1;
+            count += sync_tree(&path, synced, present)?;
+            continue;
+        }
+        if !kind.is_file() {
+            continue;
+        }
+        let write_once = path
+            .parent()
+            .is_some_and(|parent| parent.ends_with("blobs"))
+            || entry.file_name().to_string_lossy().starts_with("snap.");
+        // Read before the sync: what is written after it makes the file longer than this.
+        let len = match entry.metadata() {
+            Ok(metadata) => metadata.len(),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(e),
+        };
+        if write_once && synced.get(&path) == Some(&len) {
+            present.insert(path, len);
+            continue;
+        }
+        match File::open(&path) {
+            Ok(file) => file.sync_all()?,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(e),
+        }
+        count += 1;
+        if write_once {
+            present.insert(path, len);
         }
     }
     File::open(dir)?.sync_all()?;
-    Ok(synced + 1)
+    Ok(count + 1)
 }
 
 #[cfg(test)]
@@ -96,6 +139,19 @@ mod tests {
             assert!(blobs >= 3, "1 MiB values are sled blobs: {blobs}");
             // db, conf, every blob, `blobs/` and the database's own directory.
             assert!(synced >= blobs + 4, "{synced} synced for {blobs} blobs");
+
+            disk.db().insert("small", "value").expect("insert");
+            let again = disk.flush_to_disk().expect("flush");
+            assert!(
+                again < synced && again >= 4,
+                "the blobs already synced are not synced again: {again} after {synced}"
+            );
+            disk.db().insert("d", big.as_slice()).expect("insert");
+            let with_new_blob = disk.flush_to_disk().expect("flush");
+            assert!(
+                with_new_blob > again,
+                "a new blob is synced: {with_new_blob}"
+            );
         }
         let disk = SledDisk::open(&path, 1 << 20).expect("reopen");
         for key in ["a", "b", "c"] {
