@@ -149,8 +149,10 @@ impl LocalEngine {
 
     /// A fallback hit (SPEC section 7): like [`LocalEngine::hit`], but buckets start from
     /// the replica's TAT where it is later than the local one, and a live replica claim
-    /// decides first (committed: duplicate; pending for another hook: pending). Returns the
-    /// answer and whether charges were spent (for the [`ChargeLedger`]).
+    /// decides first (committed: duplicate; pending for another hook: pending; pending for
+    /// this hook, a retry the fleet already took, and nothing here: allowed, with nothing
+    /// charged or extended, SPEC section 5). Returns the answer and whether charges were
+    /// spent (for the [`ChargeLedger`]).
     ///
     /// # Errors
     /// When the claim index cannot be written.
@@ -170,13 +172,18 @@ impl LocalEngine {
         {
             return Ok((denied, false));
         }
+        let here = claim.and_then(|c| rules::claim_blocked(&state, c, now_us));
         if let (Some(claim), Some(record)) = (claim, replica.claim.as_ref()) {
             if let Some(blocked) = replica_blocks(record, claim, now_us) {
                 return Ok((blocked, false));
             }
+            // The fleet holds it pending for this very hook; a record here (this node's own
+            // commit, say) still decides below.
+            if here.is_none() && record.expires_at_us > now_us {
+                return Ok((HitAnswer::Allowed, false));
+            }
         }
-        let already_ours =
-            claim.and_then(|c| rules::claim_blocked(&state, c, now_us)) == Some(HitAnswer::Allowed);
+        let already_ours = here == Some(HitAnswer::Allowed);
         let command = Command::Hit {
             charges: charges.to_vec(),
             claim: claim.cloned(),
@@ -408,7 +415,7 @@ fn hit_answer(answer: Answer) -> HitAnswer {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::state::{BucketKey, EntityId, Kind, TenantId};
+    use crate::state::{BucketKey, ClaimKey, EntityId, Kind, TenantId};
 
     fn charge(bucket: BucketKey, increment_us: u64) -> Charge {
         Charge {
@@ -423,6 +430,73 @@ mod tests {
             kind,
             tenant: tenant.into(),
         }
+    }
+
+    fn claim_request(key: &str, hook_id: &str) -> ClaimRequest {
+        ClaimRequest {
+            key: ClaimKey {
+                tenant: "t".into(),
+                source_id: "s".into(),
+                key: key.into(),
+            },
+            hook_id: hook_id.into(),
+            ttl_ms: 3_600_000,
+            pending_ttl_ms: 60_000,
+        }
+    }
+
+    /// The fleet's record of a claim pending for `hook_id`, live for another minute.
+    fn replica_pending(hook_id: &str) -> ReplicaView {
+        ReplicaView {
+            tats_us: vec![None],
+            claim: Some(ClaimRecord {
+                hook_id: hook_id.into(),
+                node: 2,
+                state: crate::state::ClaimState::Pending,
+                expires_at_us: wall_clock_us() + 60_000_000,
+                ttl_ms: 3_600_000,
+            }),
+        }
+    }
+
+    #[test]
+    fn a_retry_of_a_hook_the_fleet_holds_pending_is_allowed_without_a_charge() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let engine = LocalEngine::open(&dir.path().join("claims.journal"), 1).expect("open");
+        let charges = [charge(tenant(Kind::Hooks, "t"), 10)];
+
+        let retry = claim_request("k", "h1");
+        let (answer, spent) = engine
+            .hit_seeded(&charges, Some(&retry), &replica_pending("h1"))
+            .expect("hit");
+        assert_eq!((answer, spent), (HitAnswer::Allowed, false));
+        assert!(
+            engine.pending_claims().is_empty(),
+            "no local claim taken, no expiry extended"
+        );
+
+        // This node's own commit of the hook still answers duplicate.
+        let committed = claim_request("committed", "h1");
+        let commit = Command::Settle {
+            key: committed.key.clone(),
+            hook_id: "h1".into(),
+            outcome: crate::state::SettleOutcome::Commit,
+            ttl_ms: 3_600_000,
+            node: 1,
+        };
+        engine.apply(&commit, Some(&committed.key)).expect("commit");
+        let (answer, spent) = engine
+            .hit_seeded(&charges, Some(&committed), &replica_pending("h1"))
+            .expect("hit");
+        assert_eq!(
+            (answer, spent),
+            (
+                HitAnswer::Duplicate {
+                    hook_id: "h1".into()
+                },
+                false
+            )
+        );
     }
 
     #[test]
