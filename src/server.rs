@@ -114,11 +114,28 @@ fn raft_config(config: &NodeConfig) -> Result<openraft::Config, openraft::Config
     .validate()
 }
 
+/// Creates the data dir and makes its name durable in its parent.
 fn open_dir(path: &Path) -> Result<(), StartError> {
     std::fs::create_dir_all(path).map_err(|source| StartError::DataDir {
         path: path.display().to_string(),
         source,
-    })
+    })?;
+    let parent = match path.parent() {
+        Some(parent) if !parent.as_os_str().is_empty() => parent,
+        _ => Path::new("."),
+    };
+    sync_dir(parent)
+}
+
+/// fsyncs a directory, so the names created in it survive a power cut (a new file is not
+/// durable until its directory entry is).
+fn sync_dir(path: &Path) -> Result<(), StartError> {
+    std::fs::File::open(path)
+        .and_then(|dir| dir.sync_all())
+        .map_err(|source| StartError::DataDir {
+            path: path.display().to_string(),
+            source,
+        })
 }
 
 /// Opens the stores, starts Raft and both servers, and forms the cluster on first start.
@@ -186,6 +203,9 @@ pub async fn start(config: NodeConfig, listeners: Listeners) -> Result<RunningNo
         voters_max: config.voters_max,
         durable,
     }));
+    // Every store's file and directory now exists; their names reach the disk before
+    // anything is acknowledged (a vote, an entry), or a power cut could lose a whole file.
+    sync_dir(&config.data_dir)?;
     let (stop, stopped) = watch::channel(false);
     let servers = vec![
         tokio::spawn(serve_peers(
