@@ -200,6 +200,19 @@ fn the_journal_check_catches_a_duplicate_without_an_earlier_commit() {
     assert!(journal.check().is_err(), "another key was committed");
 }
 
+/// A 3-node fleet (with `extra` config lines) of which only one follower is left running:
+/// no quorum. The fleet is returned to keep that node alive.
+async fn a_follower_left_alone(extra: &str) -> (Fleet, u64) {
+    let mut fleet = Fleet::start(3, extra).await;
+    let leader = fleet.wait_for_leader(&[1, 2, 3]).await;
+    let survivor = (1..=3).find(|id| *id != leader).expect("a follower");
+    tracing::info!("--- only node {survivor} is left: no quorum");
+    for id in (1..=3).filter(|id| *id != survivor) {
+        fleet.kill(id);
+    }
+    (fleet, survivor)
+}
+
 // ---- requests ----
 
 /// A charge these tests never exhaust (a burst of 3.6 million, fair share included), so
@@ -1031,13 +1044,7 @@ async fn over_admission_under_full_budget_is_at_most_one_budget() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mixed_scope_hits_fall_back_too() {
     init_tracing();
-    let mut fleet = Fleet::start(3, "").await;
-    let leader = fleet.wait_for_leader(&[1, 2, 3]).await;
-    let survivor = (1..=3).find(|id| *id != leader).expect("a follower");
-    tracing::info!("--- only node {survivor} is left: no quorum");
-    for id in (1..=3).filter(|id| *id != survivor) {
-        fleet.kill(id);
-    }
+    let (fleet, survivor) = a_follower_left_alone("").await;
     let mut client = fleet.client(survivor).await;
     let mixed = |charges_scope: pb::Scope, claim_scope: pb::Scope, key: &str, hook: &str| {
         let mut request = hit(
@@ -1098,13 +1105,9 @@ async fn mixed_scope_hits_fall_back_too() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_proposal_queue_answers_locally_at_once() {
     init_tracing();
-    let mut fleet = Fleet::start(3, "queue_depth_max = 1\nforwards_in_flight_max = 1").await;
-    let leader = fleet.wait_for_leader(&[1, 2, 3]).await;
-    let survivor = (1..=3).find(|id| *id != leader).expect("a follower");
-    tracing::info!("--- no quorum: node {survivor}'s one forward slot waits for a leader");
-    for id in (1..=3).filter(|id| *id != survivor) {
-        fleet.kill(id);
-    }
+    // The follower's one forward slot waits for a leader that does not come.
+    let (fleet, survivor) =
+        a_follower_left_alone("queue_depth_max = 1\nforwards_in_flight_max = 1").await;
     // The forward slot, the batcher and the queue hold three of these until their deadline
     // (no leader comes back); the others find the queue full.
     const WAITING_MS: u32 = 30_000;
@@ -1171,12 +1174,7 @@ async fn a_full_proposal_queue_answers_locally_at_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reset_clears_the_buckets_a_cut_off_node_charges() {
     init_tracing();
-    let mut fleet = Fleet::start(3, "").await;
-    let leader = fleet.wait_for_leader(&[1, 2, 3]).await;
-    let survivor = (1..=3).find(|id| *id != leader).expect("a follower");
-    for id in (1..=3).filter(|id| *id != survivor) {
-        fleet.kill(id);
-    }
+    let (fleet, survivor) = a_follower_left_alone("").await;
     let mut client = connect(&fleet.api_addr(survivor)).await;
     // One hit per hour: the second is denied for the whole test unless the bucket is reset.
     let hourly = || pb::HitRequest {
