@@ -751,6 +751,116 @@ async fn node_scope_stays_on_its_node() {
     }
 }
 
+/// A hit with its charges in one scope and its claim in the other.
+fn mixed_hit(
+    charges: Vec<pb::Charge>,
+    charges_scope: pb::Scope,
+    claim: pb::Claim,
+    claim_scope: pb::Scope,
+) -> pb::HitRequest {
+    pb::HitRequest {
+        rate_limit_scope: charges_scope as i32,
+        dedupe_scope: claim_scope as i32,
+        ..hit(charges, Some(claim))
+    }
+}
+
+/// Sends the same kind of mixed-scope hit for each of `claims` at once; the outcomes.
+async fn mixed_race(
+    client: &Client,
+    charge: &pb::Charge,
+    (charges_scope, claim_scope): (pb::Scope, pb::Scope),
+    claims: Vec<pb::Claim>,
+) -> Vec<Outcome> {
+    let racers = claims.into_iter().map(|claim| {
+        let mut client = client.clone();
+        let request = mixed_hit(vec![charge.clone()], charges_scope, claim, claim_scope);
+        async move { outcome(&send_hit_full(&mut client, request).await) }
+    });
+    futures::future::join_all(racers).await
+}
+
+fn count(outcomes: &[Outcome], which: fn(&Outcome) -> bool) -> usize {
+    outcomes.iter().filter(|outcome| which(outcome)).count()
+}
+
+/// SPEC section 5 makes a hit one atomic decision, also when its charges and its claim are
+/// in different scopes (section 8): concurrent hits never both pass a budget with room for
+/// one, a hit that is not allowed spends nothing, and a retry of the same hook is not
+/// charged again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mixed_scope_hits_are_one_decision() {
+    use pb::Scope::{Fleet as F, Node as N};
+    init_tracing();
+    let fleet = Fleet::start(3, "").await;
+    let leader = fleet.wait_for_leader(&[1, 2, 3]).await;
+    // Through the leader: its replica has every claim it answered for.
+    let mut client = fleet.client(leader).await;
+    let allowed = |o: &Outcome| *o == Outcome::Allowed;
+    let pending = |o: &Outcome| matches!(o, Outcome::Pending(_));
+    let limited = |o: &Outcome| matches!(o, Outcome::RateLimited(_));
+
+    tracing::info!("--- fleet charges, node claim: eight hooks race for one key");
+    let charge = slow("mixed-fleet", 2);
+    let hooks: Vec<pb::Claim> = (0..8)
+        .map(|i| claim("mixed-fleet", "evt", &format!("hook-{i}")))
+        .collect();
+    let answers = mixed_race(&client, &charge, (F, N), hooks).await;
+    assert_eq!(
+        (count(&answers, allowed), count(&answers, pending)),
+        (1, 7),
+        "one takes the claim, the others wait for it: {answers:?}"
+    );
+    let other_key = claim("mixed-fleet", "evt-2", "hook-x");
+    let answers = mixed_race(&client, &charge, (F, N), vec![other_key]).await;
+    assert_eq!(
+        answers,
+        [Outcome::Allowed],
+        "the seven pending hits spent nothing of the budget of two"
+    );
+
+    tracing::info!("--- node charges, fleet claim: four keys race for a budget of one");
+    let charge = slow("mixed-node", 1);
+    let keys: Vec<pb::Claim> = (0..4)
+        .map(|i| claim("mixed-node", &format!("evt-{i}"), "hook"))
+        .collect();
+    let answers = mixed_race(&client, &charge, (N, F), keys).await;
+    assert_eq!(
+        (count(&answers, allowed), count(&answers, limited)),
+        (1, 3),
+        "exactly the node budget passes: {answers:?}"
+    );
+
+    tracing::info!("--- node charges, fleet claim: a retry and a pending hit spend nothing");
+    let charge = slow("mixed-retry", 2);
+    let first = claim("mixed-retry", "evt", "hook-1");
+    let send = |claim: pb::Claim| mixed_hit(vec![charge.clone()], N, claim, F);
+    let mut answers = Vec::new();
+    for request in [
+        send(first.clone()),
+        send(first),
+        send(claim("mixed-retry", "evt", "hook-2")),
+        send(claim("mixed-retry", "evt-2", "hook-3")),
+        send(claim("mixed-retry", "evt-3", "hook-4")),
+    ] {
+        answers.push(outcome(&send_hit_full(&mut client, request).await));
+    }
+    assert!(
+        matches!(
+            answers.as_slice(),
+            [
+                Outcome::Allowed,
+                Outcome::Allowed,
+                Outcome::Pending(_),
+                Outcome::Allowed,
+                Outcome::RateLimited(_)
+            ]
+        ),
+        "first, its retry, another hook's pending, a second key (the budget's second hit), \
+         a third key (over budget): {answers:?}"
+    );
+}
+
 // ---------------------------------------------------------------------------------------
 // One fleet: shared budgets, shared claims, expiry
 // ---------------------------------------------------------------------------------------

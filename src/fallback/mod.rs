@@ -116,6 +116,17 @@ impl LocalEngine {
         Ok(answer)
     }
 
+    /// Gives back charges [`LocalEngine::hit`] spent for a hit that then did not happen.
+    pub fn refund(&self, charges: &[Charge]) {
+        if charges.is_empty() {
+            return;
+        }
+        let (mut state, _) = self.now();
+        for charge in charges {
+            state.refund_bucket(&charge.bucket, charge.increment_us);
+        }
+    }
+
     /// Evaluates node-local charges without spending them.
     pub fn probe(&self, charges: &[Charge]) -> HitAnswer {
         let (mut state, now_us) = self.now();

@@ -15,13 +15,14 @@ pub mod propose;
 pub mod reconcile;
 pub mod request;
 pub mod snapshots;
+mod turns;
 
 use crate::fallback::queue::QueuedSettle;
 use crate::fallback::{Fallback, LocalEngine, LocalError, ReplicaView};
 use crate::raft::log_store::DurableLog;
 use crate::raft::{MemberNode, NodeId, ProposeRefusal, Raft};
 use crate::state::store::{self, StateMachineStore};
-use crate::state::{Answer, Charge, ClaimRequest, Command, HitAnswer, SettleAnswer};
+use crate::state::{Answer, Charge, ClaimRequest, ClaimState, Command, HitAnswer, SettleAnswer};
 use propose::Proposer;
 use request::{CheckRateInput, HitInput, ResetInput, Scope, SettleInput};
 
@@ -140,6 +141,8 @@ pub struct Node {
     durable: DurableLog,
     /// Held through one membership change, so changes never overlap.
     membership_changes: tokio::sync::Mutex<()>,
+    /// Mixed-scope hits with a node claim take turns per key (`turns`).
+    claim_turns: turns::KeyTurns,
 }
 
 impl Node {
@@ -155,6 +158,7 @@ impl Node {
             voters_max: parts.voters_max,
             durable: parts.durable,
             membership_changes: tokio::sync::Mutex::new(()),
+            claim_turns: turns::KeyTurns::default(),
         }
     }
 
@@ -231,7 +235,10 @@ impl Node {
     }
 
     /// Fleet charges, node claim: charges are checked first (SPEC order), the claim is taken
-    /// on this node only after the fleet spent the charges.
+    /// on this node only after the fleet spent the charges. Hits for the same key take
+    /// turns through all of it, so two cannot both see the claim free and both spend
+    /// (SPEC section 5: one atomic decision); a turn not had by the deadline is not waited
+    /// for, and the fleet part is then decided locally like any fleet that did not answer.
     async fn hit_fleet_charges_node_claim(
         &self,
         input: HitInput,
@@ -242,6 +249,9 @@ impl Node {
                 reason: "mixed-scope hit without a claim".to_owned(),
             });
         };
+        let _turn = tokio::time::timeout_at(deadline, self.claim_turns.take(&claim.key))
+            .await
+            .ok();
         let blocked = self.local.peek_claim(claim);
         let command = match blocked {
             Some(_) => Command::ProbeCharges {
@@ -270,32 +280,53 @@ impl Node {
         Ok(Decided { answer, decided_by })
     }
 
-    /// Node charges, fleet claim: node buckets are probed first, spent once the claim is
-    /// taken (by the fleet, or by the local fallback when the fleet did not answer).
+    /// Node charges, fleet claim: the node charges are spent first (evaluated and spent in
+    /// one step, so concurrent hits cannot both pass a bucket with room for one), then the
+    /// claim is taken by the fleet (or by the local fallback when the fleet did not answer);
+    /// a claim that is not `allowed` gives the charges back. A retry of a hook the fleet
+    /// already holds pending for it (this node's replica says so) is not charged again
+    /// (SPEC section 5).
     async fn hit_node_charges_fleet_claim(
         &self,
         input: HitInput,
         deadline: Instant,
     ) -> Result<Decided<HitAnswer>, NodeError> {
-        if let denied @ HitAnswer::RateLimited { .. } = self.local.probe(&input.charges) {
+        let Some(claim) = input.claim.as_ref() else {
+            return Err(NodeError::Fatal {
+                reason: "mixed-scope hit without a claim".to_owned(),
+            });
+        };
+        let retry = self
+            .state
+            .lock()
+            .state
+            .claim(&claim.key)
+            .is_some_and(|record| {
+                record.state == ClaimState::Pending && record.hook_id == claim.hook_id
+            });
+        let charges = if retry {
+            self.local.probe(&input.charges)
+        } else {
+            self.local.hit(&input.charges, None)?
+        };
+        if let denied @ HitAnswer::RateLimited { .. } = charges {
             return Ok(Decided::node_scope(denied));
         }
+        let spent: &[Charge] = if retry { &[] } else { &input.charges };
         let take = Command::Hit {
             charges: Vec::new(),
-            claim: input.claim.clone(),
+            claim: Some(claim.clone()),
             node: self.id,
         };
         let decided = match self.propose_hit(take, deadline).await {
-            Ok(answer) => Decided::fleet(answer),
-            Err(e) if e.fleet_unavailable() => self.fallback_hit(&[], input.claim.as_ref(), &e)?,
-            Err(e) => return Err(e),
+            Ok(answer) => Ok(Decided::fleet(answer)),
+            Err(e) if e.fleet_unavailable() => self.fallback_hit(&[], Some(claim), &e),
+            Err(e) => Err(e),
         };
-        if decided.answer == HitAnswer::Allowed {
-            // A concurrent caller may have spent the node budget meanwhile; the claim is
-            // already taken, so the hit stands (node budgets are advisory per node).
-            let _ = self.local.hit(&input.charges, None)?;
+        if !matches!(&decided, Ok(d) if d.answer == HitAnswer::Allowed) {
+            self.local.refund(spent);
         }
-        Ok(decided)
+        decided
     }
 
     /// SPEC section 6.

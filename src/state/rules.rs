@@ -238,6 +238,16 @@ impl FleetState {
         }
     }
 
+    /// Gives `increment_us` back to a bucket (a node-scope charge whose hit did not
+    /// happen): its TAT moves back, never behind the clock (a full bucket). Never used on
+    /// the fleet's state: the log has no refund.
+    pub fn refund_bucket(&mut self, bucket: &BucketKey, increment_us: u64) {
+        if let Some(tat_us) = self.bucket_tat_us(bucket) {
+            let refunded = tat_us.saturating_sub(increment_us).max(self.clock_us);
+            self.set_bucket(bucket.clone(), refunded);
+        }
+    }
+
     /// A read-only copy of the state as it is now, for a snapshot: it shares the maps' shards
     /// (nothing is copied) and never changes; `self` keeps changing on top of it until
     /// [`FleetState::thaw`]. Encode the copy with [`LiveImage`] without holding any lock.
