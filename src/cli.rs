@@ -1,5 +1,6 @@
-//! The operator commands beside `serve`: `dev` (a local 3-node fleet in child processes)
-//! and `cluster status|add|remove` (membership through any node's API).
+//! The operator commands beside `serve`: `dev` (a local 3-node fleet in child processes,
+//! with peer TLS) and `cluster status|add|remove` (membership through any node's
+//! `raft_addr`, with a certificate of the fleet CA).
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -11,7 +12,9 @@ use crate::config::NodeConfig;
 use crate::pb;
 use crate::pb::fleet_client::FleetClient;
 use crate::pb::internal::admin_client::AdminClient;
-use crate::pb::internal::{AddMemberRequest, RemoveMemberRequest};
+use crate::pb::internal::{
+    AddMemberRequest, ClusterStatusRequest, ClusterStatusResponse, RemoveMemberRequest,
+};
 
 /// The local 3-node fleet `dev` starts, embedded so it needs nothing on disk.
 const LOCAL_3: [&str; 3] = [
@@ -22,19 +25,89 @@ const LOCAL_3: [&str; 3] = [
 /// How long `dev` waits for the fleet to elect a leader.
 const LEADER_WAIT: Duration = Duration::from_secs(30);
 
-/// Asks the node at `api_addr` for its status.
+/// Where a `cluster` command connects and with which certificate.
+#[derive(Debug, clap::Args)]
+pub struct AdminTarget {
+    /// A node's `raft_addr` (default: that of `--config`'s node).
+    #[arg(long)]
+    pub addr: Option<String>,
+    /// Use this node's `raft_addr` and `[peer_tls]` certificate.
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// The fleet CA (PEM) that the node's certificate must chain to.
+    #[arg(long, requires = "cert", requires = "key")]
+    pub ca: Option<PathBuf>,
+    /// The certificate to present (e.g. `admin.pem` from `ankusa-fleet certs`).
+    #[arg(long, requires = "ca")]
+    pub cert: Option<PathBuf>,
+    /// The certificate's private key.
+    #[arg(long, requires = "ca")]
+    pub key: Option<PathBuf>,
+}
+
+/// How long a `cluster` command waits to connect.
+const ADMIN_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+impl AdminTarget {
+    /// Connects to the node's `Admin` service: TLS with `--ca/--cert/--key` or the config's
+    /// `[peer_tls]`, plaintext otherwise (a loopback fleet without `[peer_tls]`).
+    ///
+    /// # Errors
+    /// When no address is given, a file cannot be used, or the node cannot be reached.
+    pub async fn connect(&self) -> anyhow::Result<AdminClient<tonic::transport::Channel>> {
+        let config = self.config.as_deref().map(NodeConfig::load).transpose()?;
+        let addr = match (&self.addr, &config) {
+            (Some(addr), _) => addr.clone(),
+            (None, Some(config)) => config.raft_addr.to_string(),
+            (None, None) => bail!("give --addr RAFT_ADDR or --config NODE.toml"),
+        };
+        let tls = match (&self.ca, &self.cert, &self.key, &config) {
+            (Some(ca), Some(cert), Some(key), _) => {
+                Some(crate::tls::client_from_files(ca, Some((cert, key)))?)
+            }
+            (_, _, _, Some(config)) => config
+                .peer_tls
+                .as_ref()
+                .map(|files| crate::tls::PeerTls::load(files).map(|tls| tls.client()))
+                .transpose()?,
+            _ => None,
+        };
+        let channel = crate::tls::endpoint(&addr, tls.as_ref())?
+            .connect_timeout(ADMIN_CONNECT_TIMEOUT)
+            .connect()
+            .await
+            .with_context(|| format!("connecting to {addr}"))?;
+        Ok(AdminClient::new(channel)
+            .max_decoding_message_size(crate::limits::API_RESPONSE_BYTES_MAX))
+    }
+}
+
+/// Asks the node at `api_addr` for its status (the edge API's `Status`).
 ///
 /// # Errors
 /// When the node cannot be reached.
 pub async fn status(api_addr: &str) -> anyhow::Result<pb::StatusResponse> {
     let mut client = FleetClient::connect(format!("http://{api_addr}"))
         .await
-        .with_context(|| format!("connecting to {api_addr}"))?;
+        .with_context(|| format!("connecting to {api_addr}"))?
+        .max_decoding_message_size(crate::limits::API_RESPONSE_BYTES_MAX);
     Ok(client.status(pb::StatusRequest {}).await?.into_inner())
 }
 
+/// A node's view of the fleet through its `Admin` service.
+///
+/// # Errors
+/// When the node cannot be reached or refuses the certificate.
+pub async fn cluster_status(target: &AdminTarget) -> anyhow::Result<ClusterStatusResponse> {
+    let mut admin = target.connect().await?;
+    Ok(admin
+        .cluster_status(ClusterStatusRequest {})
+        .await?
+        .into_inner())
+}
+
 /// Prints a node's status as a small table (a closed pipe, e.g. `| head`, is not an error).
-pub fn print_status(status: &pb::StatusResponse) {
+pub fn print_status(status: &ClusterStatusResponse) {
     use std::io::Write;
     let leader = match status.leader_id {
         0 => "none known".to_owned(),
@@ -43,12 +116,8 @@ pub fn print_status(status: &pb::StatusResponse) {
     let mut out = std::io::stdout().lock();
     let _ = writeln!(
         out,
-        "node {}  leader {}  term {}  last_applied {}{}",
-        status.node_id,
-        leader,
-        status.term,
-        status.last_applied,
-        if status.degraded { "  (degraded)" } else { "" }
+        "node {}  leader {}  term {}  last_applied {}",
+        status.node_id, leader, status.term, status.last_applied,
     );
     for member in &status.members {
         let role = if member.voter { "voter" } else { "learner" };
@@ -60,21 +129,21 @@ pub fn print_status(status: &pb::StatusResponse) {
     }
 }
 
-/// Adds a member through the node at `api_addr` (forwarded to the leader).
+/// Adds a member through `target` (forwarded to the leader).
 ///
 /// # Errors
 /// When the node cannot be reached or the change is refused.
-pub async fn add(api_addr: &str, request: AddMemberRequest) -> anyhow::Result<String> {
-    let mut admin = AdminClient::connect(format!("http://{api_addr}")).await?;
+pub async fn add(target: &AdminTarget, request: AddMemberRequest) -> anyhow::Result<String> {
+    let mut admin = target.connect().await?;
     Ok(admin.add_member(request).await?.into_inner().message)
 }
 
-/// Removes a member through the node at `api_addr` (forwarded to the leader).
+/// Removes a member through `target` (forwarded to the leader).
 ///
 /// # Errors
 /// When the node cannot be reached or the change is refused.
-pub async fn remove(api_addr: &str, id: u64) -> anyhow::Result<String> {
-    let mut admin = AdminClient::connect(format!("http://{api_addr}")).await?;
+pub async fn remove(target: &AdminTarget, id: u64) -> anyhow::Result<String> {
+    let mut admin = target.connect().await?;
     Ok(admin
         .remove_member(RemoveMemberRequest { id })
         .await?
@@ -94,16 +163,16 @@ impl Drop for Children {
     }
 }
 
+/// The embedded configs name their files under this folder; `dev` puts them under its own.
+const LOCAL_3_ROOT: &str = "data/local-3/";
+
 fn write_dev_config(
     template: &str,
     data_root: &Path,
     n: usize,
 ) -> anyhow::Result<(PathBuf, NodeConfig)> {
-    let data_dir = data_root.join(format!("node{}", n + 1));
-    let text = template.replace(
-        &format!("data_dir = \"data/local-3/node{}\"", n + 1),
-        &format!("data_dir = {:?}", data_dir.display().to_string()),
-    );
+    let root = format!("{}/", data_root.display());
+    let text = template.replace(LOCAL_3_ROOT, &root);
     let config = NodeConfig::from_toml(&text)?;
     let path = data_root.join(format!("node{}.toml", n + 1));
     std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))?;
@@ -118,6 +187,12 @@ fn write_dev_config(
 pub async fn dev(data_root: &Path) -> anyhow::Result<()> {
     std::fs::create_dir_all(data_root)
         .with_context(|| format!("creating {}", data_root.display()))?;
+    // The fleet's CA and node certificates, made once and reused on later runs.
+    crate::tls::make_certs(&crate::tls::CertsPlan {
+        out: data_root.join("certs"),
+        nodes: LOCAL_3.len() as u64,
+        hosts: Vec::new(),
+    })?;
     let exe = std::env::current_exe()?;
     // Three nodes share this machine: each gets a third of the cores for its runtime
     // (unless TOKIO_WORKER_THREADS says otherwise), as each would have its own host's.
@@ -142,7 +217,7 @@ pub async fn dev(data_root: &Path) -> anyhow::Result<()> {
         api_addrs.push(config.api_addr.to_string());
     }
     let leader = wait_for_leader(&api_addrs).await?;
-    println!("ankusa-fleet: 3 nodes up, leader is node {leader}");
+    println!("ankusa-fleet: 3 nodes up (peer traffic over mutual TLS), leader is node {leader}");
     for (n, addr) in api_addrs.iter().enumerate() {
         println!(
             "  node {}  api {addr}  log {}",
@@ -155,8 +230,8 @@ pub async fn dev(data_root: &Path) -> anyhow::Result<()> {
         api_addrs[0]
     );
     println!(
-        "Status: ankusa-fleet cluster status --addr {}   (Ctrl-C stops the fleet)",
-        api_addrs[0]
+        "Status: ankusa-fleet cluster status --config {}   (Ctrl-C stops the fleet)",
+        data_root.join("node1.toml").display()
     );
     let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     tokio::select! {

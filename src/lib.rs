@@ -32,11 +32,14 @@ pub mod cli;
 pub mod codec;
 pub mod config;
 pub mod fallback;
+pub mod limits;
+pub mod lock;
 pub mod node;
 pub mod raft;
 pub mod server;
 pub mod snapshot;
 pub mod state;
+pub mod tls;
 
 /// Generated protobuf and gRPC code.
 #[allow(clippy::all, missing_docs)]

@@ -42,24 +42,27 @@ enum Cmd {
     /// What one snapshot costs here (encode, store, load), apart from a fleet; prints a
     /// JSON summary.
     BenchSnapshot(ankusa_fleet::snapshot::bench::SnapshotBenchPlan),
-    /// Inspect or change membership through any node.
+    /// Inspect or change membership through any node's raft_addr (with a fleet certificate).
     Cluster {
         #[command(subcommand)]
         command: ClusterCmd,
     },
+    /// Make a fleet CA and one certificate per node, for [peer_tls] (reuses a CA already in
+    /// --out).
+    Certs(ankusa_fleet::tls::CertsPlan),
 }
 
 #[derive(Subcommand)]
 enum ClusterCmd {
     /// Show a node's view of the fleet.
     Status {
-        #[arg(long)]
-        addr: String,
+        #[command(flatten)]
+        target: cli::AdminTarget,
     },
     /// Add a node: it catches up as a learner, then becomes a voter unless --learner.
     Add {
-        #[arg(long)]
-        addr: String,
+        #[command(flatten)]
+        target: cli::AdminTarget,
         #[arg(long)]
         id: u64,
         #[arg(long)]
@@ -71,8 +74,8 @@ enum ClusterCmd {
     },
     /// Remove a node from the fleet.
     Remove {
-        #[arg(long)]
-        addr: String,
+        #[command(flatten)]
+        target: cli::AdminTarget,
         #[arg(long)]
         id: u64,
     },
@@ -118,9 +121,15 @@ async fn serve(path: PathBuf) -> anyhow::Result<()> {
     }
     let listeners = server::Listeners::bind(&config).await?;
     let running = server::start(config, listeners).await?;
-    tokio::signal::ctrl_c().await?;
-    tracing::info!("shutting down");
-    running.shutdown().await;
+    // SIGTERM is what systemd and Kubernetes send; SIGINT is Ctrl-C. Both drain.
+    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    let signal = tokio::select! {
+        _ = tokio::signal::ctrl_c() => "SIGINT",
+        _ = terminate.recv() => "SIGTERM",
+    };
+    tracing::info!(signal, "shutting down");
+    running.drain().await;
+    tracing::info!("stopped");
     Ok(())
 }
 
@@ -143,13 +152,19 @@ async fn main() -> anyhow::Result<()> {
             println!("{}", serde_json::to_string_pretty(&summary)?);
             Ok(())
         }
+        Cmd::Certs(plan) => {
+            for path in ankusa_fleet::tls::make_certs(&plan)? {
+                println!("wrote {}", path.display());
+            }
+            Ok(())
+        }
         Cmd::Cluster { command } => match command {
-            ClusterCmd::Status { addr } => {
-                cli::print_status(&cli::status(&addr).await?);
+            ClusterCmd::Status { target } => {
+                cli::print_status(&cli::cluster_status(&target).await?);
                 Ok(())
             }
             ClusterCmd::Add {
-                addr,
+                target,
                 id,
                 api_addr,
                 raft_addr,
@@ -161,11 +176,11 @@ async fn main() -> anyhow::Result<()> {
                     raft_addr,
                     voter: !learner,
                 };
-                println!("{}", cli::add(&addr, request).await?);
+                println!("{}", cli::add(&target, request).await?);
                 Ok(())
             }
-            ClusterCmd::Remove { addr, id } => {
-                println!("{}", cli::remove(&addr, id).await?);
+            ClusterCmd::Remove { target, id } => {
+                println!("{}", cli::remove(&target, id).await?);
                 Ok(())
             }
         },

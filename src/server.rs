@@ -1,6 +1,7 @@
 //! Start-up and shutdown of one node process: open the stores, start Raft, serve the
-//! public API on `api_addr` and Raft traffic on `raft_addr`, form the cluster on first
-//! start. Start-up never waits for peers.
+//! public API (`Fleet`, health) on `api_addr` and Raft traffic and administration (`Peer`,
+//! `Admin`) on `raft_addr`, each with its TLS and limits ([`crate::limits`]), form the
+//! cluster on first start, and drain on the way out. Start-up never waits for peers.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -13,11 +14,14 @@ use tokio::task::JoinHandle;
 use tokio_stream::wrappers::TcpListenerStream;
 use tonic::transport::Server;
 
+use crate::api::admin::AdminService;
+use crate::api::drain::DrainGate;
 use crate::api::validate::RequestDefaults;
-use crate::api::{AdminService, FleetService};
+use crate::api::FleetService;
 use crate::config::NodeConfig;
 use crate::fallback::Fallback;
 use crate::fallback::LocalEngine;
+use crate::limits;
 use crate::node::propose::{BatchLimits, Proposer, Router};
 use crate::node::snapshots::{self, SnapshotPolicy};
 use crate::node::{reconcile, Node, NodeParts};
@@ -29,9 +33,7 @@ use crate::raft::service::PeerService;
 use crate::raft::{MemberNode, Raft};
 use crate::state::sled_disk::SledDisk;
 use crate::state::store::StateMachineStore;
-
-/// Largest gRPC message between peers (snapshot chunks, big batches).
-const PEER_MESSAGE_BYTES_MAX: usize = 64 * 1024 * 1024;
+use crate::tls::{ApiTls, PeerTls};
 /// sled's page cache (default 1 GiB): it holds the latest snapshot and the node-scope and
 /// fallback claim indexes, all read rarely; the live state is in memory already.
 const SLED_CACHE_BYTES: u64 = 64 * 1024 * 1024;
@@ -63,6 +65,8 @@ pub enum StartError {
     RaftConfig(#[from] openraft::ConfigError),
     #[error("raft: {0}")]
     Raft(String),
+    #[error("{0}")]
+    Tls(#[from] crate::tls::TlsError),
 }
 
 /// The two listening sockets of a node (bound before start, so tests can use port 0).
@@ -92,11 +96,16 @@ impl Listeners {
     }
 }
 
-/// A started node: its servers run until [`RunningNode::shutdown`].
+/// A started node: its servers run until [`RunningNode::drain`] or
+/// [`RunningNode::shutdown`].
 pub struct RunningNode {
     pub node: Arc<Node>,
     stop: watch::Sender<bool>,
     servers: Vec<JoinHandle<()>>,
+    gate: DrainGate,
+    health: tonic_health::server::HealthReporter,
+    disk: SledDisk,
+    drain_timeout: Duration,
 }
 
 fn raft_config(config: &NodeConfig) -> Result<openraft::Config, openraft::ConfigError> {
@@ -144,6 +153,11 @@ fn sync_dir(path: &Path) -> Result<(), StartError> {
 /// When a store cannot be opened or Raft refuses the configuration. Unreachable peers are
 /// not an error: the node starts and serves anyway.
 pub async fn start(config: NodeConfig, listeners: Listeners) -> Result<RunningNode, StartError> {
+    let peer_tls = config.peer_tls.as_ref().map(PeerTls::load).transpose()?;
+    let api_tls = config.api_tls.as_ref().map(ApiTls::load).transpose()?;
+    if peer_tls.is_none() && config.insecure_peer_traffic {
+        tracing::warn!(raft_addr = %config.raft_addr, "insecure_peer_traffic = true: Raft traffic is plaintext and unauthenticated; anyone who reaches raft_addr can rewrite this node's log");
+    }
     open_dir(&config.data_dir)?;
     let faults = Faults::new(config.fault_injection);
     let log_store = LogStore::open(
@@ -167,7 +181,8 @@ pub async fn start(config: NodeConfig, listeners: Listeners) -> Result<RunningNo
         faults.clone(),
         durable.clone(),
     )
-    .answering_commit_only(std::time::Duration::from_millis(config.heartbeat_ms));
+    .answering_commit_only(std::time::Duration::from_millis(config.heartbeat_ms))
+    .with_tls(peer_tls.as_ref().map(PeerTls::client));
     let raft = Raft::new(
         config.node_id,
         Arc::new(raft_config(&config)?),
@@ -207,22 +222,36 @@ pub async fn start(config: NodeConfig, listeners: Listeners) -> Result<RunningNo
     // anything is acknowledged (a vote, an entry), or a power cut could lose a whole file.
     sync_dir(&config.data_dir)?;
     let (stop, stopped) = watch::channel(false);
+    let gate = DrainGate::default();
+    let (health, health_service) = tonic_health::server::health_reporter();
+    health
+        .set_serving::<pb::fleet_server::FleetServer<FleetService>>()
+        .await;
+    let admin = AdminService::new(
+        node.clone(),
+        faults.clone(),
+        peer_tls.as_ref().map(PeerTls::client),
+    );
     let servers = vec![
         tokio::spawn(serve_peers(
-            raft.clone(),
-            &config,
-            proposer,
-            faults.clone(),
+            PeerService::new(
+                raft.clone(),
+                config.cluster_id.clone(),
+                Arc::new(proposer),
+                faults,
+            ),
+            admin,
+            peer_tls.as_ref(),
             listeners.raft,
             stopped.clone(),
-        )),
+        )?),
         tokio::spawn(serve_api(
-            node.clone(),
-            &config,
-            faults,
+            FleetService::new(node.clone(), request_defaults(&config), gate.clone()),
+            health_service,
+            api_tls.as_ref(),
             listeners.api,
             stopped.clone(),
-        )),
+        )?),
         tokio::spawn(snapshots::run(
             raft.clone(),
             log_bytes,
@@ -241,6 +270,10 @@ pub async fn start(config: NodeConfig, listeners: Listeners) -> Result<RunningNo
         node,
         stop,
         servers,
+        gate,
+        health,
+        disk,
+        drain_timeout: config.drain_timeout,
     })
 }
 
@@ -292,60 +325,117 @@ async fn until_stopped(mut stopped: watch::Receiver<bool>) {
     let _ = stopped.wait_for(|stop| *stop).await;
 }
 
+fn request_defaults(config: &NodeConfig) -> RequestDefaults {
+    RequestDefaults {
+        timeout: config.timeout_default,
+        claim_ttl_ms: config.claim_ttl_ms_default,
+    }
+}
+
+/// A server builder with the limits both servers share and `tls`, if any.
+fn server_builder(
+    tls: Option<tonic::transport::ServerTlsConfig>,
+    streams_per_connection_max: u32,
+    calls_per_connection_max: usize,
+) -> Result<Server, StartError> {
+    let builder = Server::builder()
+        .max_concurrent_streams(streams_per_connection_max)
+        .concurrency_limit_per_connection(calls_per_connection_max)
+        .http2_keepalive_interval(Some(limits::KEEPALIVE_INTERVAL))
+        .http2_keepalive_timeout(Some(limits::KEEPALIVE_TIMEOUT))
+        .tcp_keepalive(Some(limits::TCP_KEEPALIVE))
+        .http2_max_header_list_size(limits::HEADER_LIST_BYTES_MAX)
+        .timeout(limits::CALL_TIMEOUT_MAX);
+    match tls {
+        Some(tls) => builder
+            .tls_config(tls)
+            .map_err(|e| StartError::Tls(crate::tls::TlsError::Config(e.to_string()))),
+        None => Ok(builder),
+    }
+}
+
+/// `raft_addr`: the `Peer` service and `Admin`, behind `[peer_tls]` when configured.
 fn serve_peers(
-    raft: Raft,
-    config: &NodeConfig,
-    proposer: Proposer,
-    faults: Faults,
+    peer: PeerService,
+    admin: AdminService,
+    tls: Option<&PeerTls>,
     listener: TcpListener,
     stopped: watch::Receiver<bool>,
-) -> impl std::future::Future<Output = ()> + Send + 'static {
-    let service = PeerService::new(raft, config.cluster_id.clone(), Arc::new(proposer), faults);
-    let server = pb::internal::peer_server::PeerServer::new(service)
-        .max_decoding_message_size(PEER_MESSAGE_BYTES_MAX)
-        .max_encoding_message_size(PEER_MESSAGE_BYTES_MAX);
-    async move {
-        let served = Server::builder()
-            .add_service(server)
+) -> Result<impl std::future::Future<Output = ()> + Send + 'static, StartError> {
+    let peer = pb::internal::peer_server::PeerServer::new(peer)
+        .max_decoding_message_size(limits::PEER_MESSAGE_BYTES_MAX)
+        .max_encoding_message_size(limits::PEER_MESSAGE_BYTES_MAX);
+    let admin = pb::internal::admin_server::AdminServer::new(admin)
+        .max_decoding_message_size(limits::API_MESSAGE_BYTES_MAX);
+    let mut builder = server_builder(
+        tls.map(PeerTls::server),
+        limits::PEER_STREAMS_PER_CONNECTION_MAX,
+        limits::PEER_CALLS_PER_CONNECTION_MAX,
+    )?;
+    let router = builder.add_service(peer).add_service(admin);
+    Ok(async move {
+        let served = router
             .serve_with_incoming_shutdown(incoming(listener), until_stopped(stopped))
             .await;
         if let Err(e) = served {
             tracing::error!(error = %e, "raft server stopped");
         }
-    }
+    })
 }
 
+/// `api_addr`: `Fleet` and health for the edge, TLS only under `[api_tls]`.
 fn serve_api(
-    node: Arc<Node>,
-    config: &NodeConfig,
-    faults: Faults,
+    fleet: FleetService,
+    health: tonic_health::pb::health_server::HealthServer<
+        impl tonic_health::pb::health_server::Health,
+    >,
+    tls: Option<&ApiTls>,
     listener: TcpListener,
     stopped: watch::Receiver<bool>,
-) -> impl std::future::Future<Output = ()> + Send + 'static {
-    let defaults = RequestDefaults {
-        timeout: config.timeout_default,
-        claim_ttl_ms: config.claim_ttl_ms_default,
-    };
-    let fleet = pb::fleet_server::FleetServer::new(FleetService::new(node.clone(), defaults));
-    let admin = pb::internal::admin_server::AdminServer::new(AdminService::new(node, faults));
-    async move {
-        let (health, health_service) = tonic_health::server::health_reporter();
-        health
-            .set_serving::<pb::fleet_server::FleetServer<FleetService>>()
-            .await;
-        let served = Server::builder()
-            .add_service(health_service)
-            .add_service(fleet)
-            .add_service(admin)
+) -> Result<impl std::future::Future<Output = ()> + Send + 'static, StartError> {
+    let fleet = pb::fleet_server::FleetServer::new(fleet)
+        .max_decoding_message_size(limits::API_MESSAGE_BYTES_MAX);
+    let mut builder = server_builder(
+        tls.map(ApiTls::server),
+        limits::API_STREAMS_PER_CONNECTION_MAX,
+        limits::API_CALLS_PER_CONNECTION_MAX,
+    )?;
+    let router = builder.add_service(health).add_service(fleet);
+    Ok(async move {
+        let served = router
             .serve_with_incoming_shutdown(incoming(listener), until_stopped(stopped))
             .await;
         if let Err(e) = served {
             tracing::error!(error = %e, "api server stopped");
         }
-    }
+    })
 }
 
 impl RunningNode {
+    /// The graceful stop (SIGTERM, SIGINT): health turns `NOT_SERVING`, new edge calls are
+    /// refused `UNAVAILABLE`, the calls in flight are answered (within their deadlines, at
+    /// most `drain_timeout`), then [`RunningNode::shutdown`] flushes the stores. Raft keeps
+    /// running meanwhile, so those calls can still commit and peers can still reach the
+    /// leader.
+    pub async fn drain(self) {
+        self.gate.begin();
+        self.health
+            .set_not_serving::<pb::fleet_server::FleetServer<FleetService>>()
+            .await;
+        self.health
+            .set_service_status("", tonic_health::ServingStatus::NotServing)
+            .await;
+        let in_flight = self.gate.in_flight();
+        tracing::info!(in_flight, drain_timeout = ?self.drain_timeout, "draining: refusing new calls");
+        if self.gate.until_idle(self.drain_timeout).await {
+            tracing::info!("drained: every call in flight was answered");
+        } else {
+            let in_flight = self.gate.in_flight();
+            tracing::warn!(in_flight, "drain timed out with calls still in flight");
+        }
+        self.shutdown().await;
+    }
+
     /// Stops serving, shuts Raft down and waits for the servers to finish.
     pub async fn shutdown(self) {
         let _ = self.stop.send(true);
@@ -358,6 +448,14 @@ impl RunningNode {
         // The claim journals flush in the background: the last records reach the disk here.
         if let Err(e) = self.node.sync_local().await {
             tracing::error!(error = %e, "claim journal sync at shutdown");
+        }
+        // The settle queue syncs each settle before it is answered; this also makes the
+        // removals of applied ones durable, so a restart does not hand them over again.
+        let disk = self.disk.clone();
+        match tokio::task::spawn_blocking(move || disk.flush_to_disk()).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => tracing::error!(error = %e, "sled flush at shutdown"),
+            Err(e) => tracing::error!(error = %e, "sled flush at shutdown"),
         }
     }
 }

@@ -39,12 +39,12 @@ async fn add_member(fleet: &Fleet, via: u64, spec: &NodeSpec, voter: bool) -> St
         raft_addr: spec.raft_addr.clone(),
         voter,
     };
-    let via_addr = fleet.api_addr(via);
-    let call = cli::add(&via_addr, request);
+    let via = fleet.admin_target(via);
+    let call = cli::add(&via, request);
     match tokio::time::timeout(CONDITION_DEADLINE, call).await {
         Ok(Ok(message)) => message,
-        Ok(Err(e)) => fleet.fail(&format!("AddMember {} via {via}: {e:#}", spec.id)),
-        Err(_) => fleet.fail(&format!("AddMember {} via {via}: no answer", spec.id)),
+        Ok(Err(e)) => fleet.fail(&format!("AddMember {} via {via:?}: {e:#}", spec.id)),
+        Err(_) => fleet.fail(&format!("AddMember {} via {via:?}: no answer", spec.id)),
     }
 }
 
@@ -148,8 +148,8 @@ async fn a_removed_node_stops_taking_part() {
         .await;
 
     tracing::info!("--- remove voter {removed} via follower {kept}");
-    let kept_addr = fleet.api_addr(kept);
-    let call = cli::remove(&kept_addr, removed);
+    let via = fleet.admin_target(kept);
+    let call = cli::remove(&via, removed);
     let message = match tokio::time::timeout(CONDITION_DEADLINE, call).await {
         Ok(Ok(message)) => message,
         Ok(Err(e)) => fleet.fail(&format!("RemoveMember {removed}: {e:#}")),

@@ -1,5 +1,6 @@
-//! The public gRPC service `ankusa.fleet.v1.Fleet` and the `Admin` service: convert and
-//! validate the request ([`validate`]), call the [`Node`], convert the answer back.
+//! The public gRPC service `ankusa.fleet.v1.Fleet` (on `api_addr`) and the `Admin` service
+//! (on `raft_addr`, [`admin`]): convert and validate the request ([`validate`]), call the
+//! [`Node`], convert the answer back.
 //!
 //! The only place that maps errors to gRPC status codes is [`status_of`].
 
@@ -10,17 +11,15 @@ use std::time::Instant;
 use futures::{Stream, StreamExt};
 use tonic::{Request, Response, Status, Streaming};
 
+pub mod admin;
 pub mod codec;
+pub mod drain;
 pub mod validate;
 
 use crate::node::{Decided, DecidedBy, Node, NodeError};
 use crate::pb;
-use crate::pb::internal::admin_client::AdminClient;
-use crate::pb::internal::admin_server::Admin;
-use crate::pb::internal::{AddMemberRequest, AdminResponse, RemoveMemberRequest, SetFaultsRequest};
-use crate::raft::faults::{Fault, Faults};
-use crate::raft::MemberNode;
 use crate::state::{HitAnswer, SettleAnswer};
+use drain::DrainGate;
 use validate::{InvalidArgument, RequestDefaults};
 
 /// The one table from node errors to gRPC status codes.
@@ -163,12 +162,17 @@ pub fn stream_reply_result(reply: pb::HitStreamReply) -> Result<pb::HitResponse,
 pub struct FleetService {
     node: Arc<Node>,
     defaults: RequestDefaults,
+    gate: DrainGate,
 }
 
 impl FleetService {
-    /// Serves `node` with these request defaults.
-    pub fn new(node: Arc<Node>, defaults: RequestDefaults) -> Self {
-        Self { node, defaults }
+    /// Serves `node` with these request defaults; `gate` refuses calls once a drain began.
+    pub fn new(node: Arc<Node>, defaults: RequestDefaults, gate: DrainGate) -> Self {
+        Self {
+            node,
+            defaults,
+            gate,
+        }
     }
 }
 
@@ -178,6 +182,7 @@ impl pb::fleet_server::Fleet for FleetService {
         &self,
         request: Request<pb::HitRequest>,
     ) -> Result<Response<pb::HitResponse>, Status> {
+        let _call = self.gate.enter()?;
         answer_hit(&self.node, self.defaults, request.get_ref())
             .await
             .map(Response::new)
@@ -188,20 +193,28 @@ impl pb::fleet_server::Fleet for FleetService {
     /// Each request is answered like a unary `Hit` (`answer_hit`), up to [`HIT_STREAM_IN_FLIGHT`] at once,
     /// inside the response stream's own polling (no task per request). A message that does
     /// not decode ends the stream with INVALID_ARGUMENT naming the field (the bytes after it
-    /// cannot be trusted); any other error is a reply and the stream goes on.
+    /// cannot be trusted); any other error is a reply and the stream goes on. Once the node
+    /// drains, each further request is answered `UNAVAILABLE`.
     async fn hit_stream(
         &self,
         request: Request<Streaming<pb::HitRequest>>,
     ) -> Result<Response<HitReplies>, Status> {
+        drop(self.gate.enter()?);
         let node = self.node.clone();
         let defaults = self.defaults;
+        let gate = self.gate.clone();
         let replies = request
             .into_inner()
             .map(move |message| {
                 let node = node.clone();
+                let gate = gate.clone();
                 async move {
                     let request = message?;
-                    Ok(stream_reply(answer_hit(&node, defaults, &request).await))
+                    let answer = match gate.enter() {
+                        Ok(_call) => answer_hit(&node, defaults, &request).await,
+                        Err(refused) => Err(refused),
+                    };
+                    Ok(stream_reply(answer))
                 }
             })
             .buffered(HIT_STREAM_IN_FLIGHT);
@@ -212,6 +225,7 @@ impl pb::fleet_server::Fleet for FleetService {
         &self,
         request: Request<pb::SettleRequest>,
     ) -> Result<Response<pb::SettleResponse>, Status> {
+        let _call = self.gate.enter()?;
         let input = validate::settle(request.get_ref(), self.defaults).map_err(invalid)?;
         let decided = self.node.settle(input).await.map_err(status_of)?;
         Ok(Response::new(settle_response(decided)))
@@ -221,6 +235,7 @@ impl pb::fleet_server::Fleet for FleetService {
         &self,
         request: Request<pb::ResetRequest>,
     ) -> Result<Response<pb::ResetResponse>, Status> {
+        let _call = self.gate.enter()?;
         let input = validate::reset(request.get_ref(), self.defaults).map_err(invalid)?;
         self.node.reset(input).await.map_err(status_of)?;
         Ok(Response::new(pb::ResetResponse {}))
@@ -230,6 +245,7 @@ impl pb::fleet_server::Fleet for FleetService {
         &self,
         request: Request<pb::CheckRateRequest>,
     ) -> Result<Response<pb::CheckRateResponse>, Status> {
+        let _call = self.gate.enter()?;
         let started = Instant::now();
         let outcome = match validate::check_rate(request.get_ref(), self.defaults) {
             Ok(input) => self.node.check_rate(input).await.map_err(status_of),
@@ -271,117 +287,6 @@ impl pb::fleet_server::Fleet for FleetService {
                 .collect(),
             // No leader, or local decisions not yet handed to the fleet.
             degraded: status.leader_id.is_none() || self.node.fallback().has_unreconciled(),
-        }))
-    }
-}
-
-/// Membership administration for the `cluster` CLI; a follower forwards to the leader.
-pub struct AdminService {
-    node: Arc<Node>,
-    faults: Faults,
-}
-
-impl AdminService {
-    /// Serves membership changes of `node`.
-    pub fn new(node: Arc<Node>, faults: Faults) -> Self {
-        Self { node, faults }
-    }
-}
-
-async fn leader_admin(
-    leader_api_addr: Option<String>,
-) -> Result<AdminClient<tonic::transport::Channel>, Status> {
-    let Some(addr) = leader_api_addr else {
-        return Err(Status::unavailable(
-            "no leader known; retry once the fleet has elected one",
-        ));
-    };
-    AdminClient::connect(format!("http://{addr}"))
-        .await
-        .map_err(|e| Status::unavailable(format!("leader at {addr}: {e}")))
-}
-
-#[tonic::async_trait]
-impl Admin for AdminService {
-    async fn add_member(
-        &self,
-        request: Request<AddMemberRequest>,
-    ) -> Result<Response<AdminResponse>, Status> {
-        let add = request.into_inner();
-        if add.id == 0 {
-            return Err(Status::invalid_argument("id: must be at least 1"));
-        }
-        for (field, addr) in [("api_addr", &add.api_addr), ("raft_addr", &add.raft_addr)] {
-            if addr.parse::<std::net::SocketAddr>().is_err() {
-                return Err(Status::invalid_argument(format!(
-                    "{field}: `{addr}` is not an ip:port address"
-                )));
-            }
-        }
-        let member = MemberNode {
-            api_addr: add.api_addr.clone(),
-            raft_addr: add.raft_addr.clone(),
-        };
-        match self.node.add_member(add.id, member, add.voter).await {
-            Ok(message) => Ok(Response::new(AdminResponse { message })),
-            Err(NodeError::NotLeader { leader_api_addr }) => {
-                leader_admin(leader_api_addr).await?.add_member(add).await
-            }
-            Err(e) => Err(status_of(e)),
-        }
-    }
-
-    async fn remove_member(
-        &self,
-        request: Request<RemoveMemberRequest>,
-    ) -> Result<Response<AdminResponse>, Status> {
-        let remove = request.into_inner();
-        match self.node.remove_member(remove.id).await {
-            Ok(message) => Ok(Response::new(AdminResponse { message })),
-            Err(NodeError::NotLeader { leader_api_addr }) => {
-                leader_admin(leader_api_addr)
-                    .await?
-                    .remove_member(remove)
-                    .await
-            }
-            Err(e) => Err(status_of(e)),
-        }
-    }
-
-    async fn set_faults(
-        &self,
-        request: Request<SetFaultsRequest>,
-    ) -> Result<Response<AdminResponse>, Status> {
-        let request = request.into_inner();
-        let mut rules = std::collections::HashMap::new();
-        for (i, fault) in request.faults.into_iter().enumerate() {
-            let rule = match pb::internal::FaultKind::try_from(fault.kind) {
-                Ok(pb::internal::FaultKind::Drop) => Fault::Drop,
-                Ok(pb::internal::FaultKind::Blackhole) => Fault::Blackhole,
-                Ok(pb::internal::FaultKind::Delay) => {
-                    Fault::Delay(std::time::Duration::from_millis(fault.delay_ms))
-                }
-                _ => {
-                    let message = format!("faults[{i}].kind: must be DROP, BLACKHOLE or DELAY");
-                    return Err(Status::invalid_argument(message));
-                }
-            };
-            rules.insert(fault.peer_id, rule);
-        }
-        let count = rules.len();
-        self.faults
-            .set(rules)
-            .map_err(Status::failed_precondition)?;
-        self.faults
-            .hold_log_writes(request.hold_log_writes)
-            .map_err(Status::failed_precondition)?;
-        let held = if request.hold_log_writes {
-            ", log writer held"
-        } else {
-            ""
-        };
-        Ok(Response::new(AdminResponse {
-            message: format!("{count} fault rules set{held}"),
         }))
     }
 }

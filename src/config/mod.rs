@@ -58,6 +58,37 @@ pub struct ConfigFile {
     /// tests only; never set it on a production node.
     #[serde(default)]
     pub fault_injection: bool,
+    /// Mutual TLS on `raft_addr` (required unless it is a loopback address).
+    pub peer_tls: Option<PeerTlsFiles>,
+    /// TLS on `api_addr` (optional: an edge on loopback may go without).
+    pub api_tls: Option<ApiTlsFiles>,
+    /// Lets a node whose `raft_addr` is not loopback run without `[peer_tls]`: anyone who
+    /// reaches that address can then rewrite the node's log. Named so nobody sets it by
+    /// accident.
+    #[serde(default)]
+    pub insecure_peer_traffic: bool,
+    /// How long SIGTERM waits for calls in flight before the node stops anyway.
+    pub drain_timeout_ms: Option<u64>,
+}
+
+/// `[peer_tls]`: both ends of every Raft connection present a certificate signed by
+/// `ca_file` (a PEM bundle: several CAs while one is being rotated out).
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct PeerTlsFiles {
+    pub ca_file: PathBuf,
+    pub cert_file: PathBuf,
+    pub key_file: PathBuf,
+}
+
+/// `[api_tls]`: the edge API serves TLS only; with `client_ca_file`, edge clients must
+/// present a certificate signed by it.
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct ApiTlsFiles {
+    pub cert_file: PathBuf,
+    pub key_file: PathBuf,
+    pub client_ca_file: Option<PathBuf>,
 }
 
 /// How much of a bucket's capacity a node grants on its own while the fleet is unreachable.
@@ -95,6 +126,9 @@ impl Defaults {
     /// Like Redis' `auto-aof-rewrite-percentage 100`: rewrite once the log has grown by the
     /// size of the last rewrite.
     pub const SNAPSHOT_LOG_PERCENT: u64 = 100;
+    /// Longer than the longest call deadline the API accepts, so a drain answers every
+    /// call in flight (systemd's `TimeoutStopSec` must exceed it: docs/operations.md).
+    pub const DRAIN_TIMEOUT_MS: u64 = 65_000;
 }
 
 /// The longest a busy batch may be told to wait (`batch_linger_us`).
@@ -159,6 +193,11 @@ pub struct NodeConfig {
     pub metrics_addr: Option<SocketAddr>,
     pub fallback_budget: FallbackBudget,
     pub fault_injection: bool,
+    pub peer_tls: Option<PeerTlsFiles>,
+    pub api_tls: Option<ApiTlsFiles>,
+    pub insecure_peer_traffic: bool,
+    /// How long a drain (SIGTERM, SIGINT) waits for calls in flight.
+    pub drain_timeout: Duration,
 }
 
 impl NodeConfig {
@@ -207,6 +246,23 @@ impl NodeConfig {
         let api_addr = parse_addr("api_addr", &file.api_addr)?;
         let raft_addr = parse_addr("raft_addr", &file.raft_addr)?;
         validate_members(&file)?;
+        if file.peer_tls.is_none() && !raft_addr.ip().is_loopback() && !file.insecure_peer_traffic {
+            return Err(invalid(
+                "peer_tls",
+                format!(
+                    "raft_addr {raft_addr} is not a loopback address: set [peer_tls] (see \
+                     `ankusa-fleet certs`), or insecure_peer_traffic = true to let anyone who \
+                     reaches it rewrite this node's log"
+                ),
+            ));
+        }
+        let drain_timeout_ms = file.drain_timeout_ms.unwrap_or(Defaults::DRAIN_TIMEOUT_MS);
+        if drain_timeout_ms > DRAIN_TIMEOUT_MS_MAX {
+            return Err(invalid(
+                "drain_timeout_ms",
+                format!("must be at most {DRAIN_TIMEOUT_MS_MAX} (0: stop at once)"),
+            ));
+        }
         let election_timeout_ms_min = file
             .election_timeout_ms_min
             .unwrap_or(Defaults::ELECTION_TIMEOUT_MS_MIN);
@@ -300,6 +356,10 @@ impl NodeConfig {
                 .unwrap_or(Defaults::SNAPSHOT_LOGS_KEPT),
             fallback_budget: file.fallback_budget.unwrap_or_default(),
             fault_injection: file.fault_injection,
+            peer_tls: file.peer_tls,
+            api_tls: file.api_tls,
+            insecure_peer_traffic: file.insecure_peer_traffic,
+            drain_timeout: Duration::from_millis(drain_timeout_ms),
             metrics_addr: file
                 .metrics_addr
                 .as_deref()
@@ -322,6 +382,9 @@ fn positive(field: &str, value: Option<usize>, default: usize) -> Result<usize, 
         None => Ok(default),
     }
 }
+
+/// The longest drain: ten minutes, past which an orchestrator has long given up.
+const DRAIN_TIMEOUT_MS_MAX: u64 = 600_000;
 
 /// The largest `snapshot_log_percent`: beyond it the log (and a restart's replay) would grow
 /// to many times the state before a snapshot.
@@ -415,6 +478,35 @@ raft_addr = "127.0.0.1:7201"
         assert!(err.contains("members[1].id"), "{err}");
         let unknown = format!("{MINIMAL}\nsurprise = 1\n");
         assert!(NodeConfig::from_toml(&unknown).is_err());
+    }
+
+    #[test]
+    fn a_raft_addr_off_loopback_needs_peer_tls_or_the_insecure_key() {
+        let exposed = MINIMAL.replace("127.0.0.1:7201", "0.0.0.0:7201");
+        let err = NodeConfig::from_toml(&exposed)
+            .expect_err("refused")
+            .to_string();
+        assert!(err.contains("`peer_tls`"), "{err}");
+        assert!(err.contains("insecure_peer_traffic"), "{err}");
+        let insecure = exposed.replace("data_dir", "insecure_peer_traffic = true\ndata_dir");
+        assert!(
+            NodeConfig::from_toml(&insecure)
+                .expect("allowed")
+                .insecure_peer_traffic
+        );
+        let with_tls = format!(
+            "{exposed}\n[peer_tls]\nca_file = \"ca.pem\"\ncert_file = \"n.pem\"\nkey_file = \"n.key\"\n"
+        );
+        let config = NodeConfig::from_toml(&with_tls).expect("allowed");
+        assert_eq!(
+            config.peer_tls.map(|tls| tls.ca_file),
+            Some(PathBuf::from("ca.pem"))
+        );
+        let misspelled = with_tls.replace("ca_file", "ca_path");
+        let err = NodeConfig::from_toml(&misspelled)
+            .expect_err("unknown key")
+            .to_string();
+        assert!(err.contains("ca_path"), "{err}");
     }
 
     /// `key` defaults to `default`, takes 0 (off), and refuses `too_large` by name.

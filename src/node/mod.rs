@@ -67,8 +67,8 @@ pub enum NodeError {
     Unavailable { reason: String },
     #[error("overloaded, retry after {retry_after_ms} ms")]
     Overloaded { retry_after_ms: u64 },
-    #[error("this node is not the leader (leader api: {leader_api_addr:?})")]
-    NotLeader { leader_api_addr: Option<String> },
+    #[error("this node is not the leader (leader raft_addr: {leader_raft_addr:?})")]
+    NotLeader { leader_raft_addr: Option<String> },
     #[error("membership change refused: {reason}")]
     Membership { reason: String },
     #[error("local store: {0}")]
@@ -554,11 +554,11 @@ impl Node {
         if status.leader_id == Some(self.id) {
             return Ok(());
         }
-        let leader_api_addr = status
+        let leader_raft_addr = status
             .leader_id
             .and_then(|leader| status.members.iter().find(|(id, _, _)| *id == leader))
-            .map(|(_, node, _)| node.api_addr.clone());
-        Err(NodeError::NotLeader { leader_api_addr })
+            .map(|(_, node, _)| node.raft_addr.clone());
+        Err(NodeError::NotLeader { leader_raft_addr })
     }
 
     /// Waits until the current membership entry is on this node's disk. openraft lets the
@@ -661,7 +661,7 @@ impl Node {
 fn membership_error(e: RaftError<NodeId, ClientWriteError<NodeId, MemberNode>>) -> NodeError {
     match e {
         RaftError::APIError(ClientWriteError::ForwardToLeader(forward)) => NodeError::NotLeader {
-            leader_api_addr: forward.leader_node.map(|n| n.api_addr),
+            leader_raft_addr: forward.leader_node.map(|n| n.raft_addr),
         },
         other => NodeError::Membership {
             reason: other.to_string(),

@@ -12,7 +12,7 @@
 //! call; calls still waiting on it fail as [`PeerError::Lost`] (maybe delivered).
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -28,13 +28,15 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use tokio::sync::{mpsc, oneshot};
 use tokio_stream::wrappers::UnboundedReceiverStream;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::{Channel, ClientTlsConfig};
 use tonic::{Status, Streaming};
 
 use super::faults::{Fault, Faults};
 use super::log_store::DurableLog;
 use super::{MemberNode, NodeId, ProposeRequest, ProposeResponse, TypeConfig};
 use crate::codec;
+use crate::limits::PEER_MESSAGE_BYTES_MAX;
+use crate::lock::lock;
 use crate::pb::internal::peer_client::PeerClient;
 use crate::pb::internal::{PeerFrame, PeerMethod, RaftMessage};
 use crate::state::Command;
@@ -87,6 +89,8 @@ pub struct PeerClients {
     links: Arc<Mutex<HashMap<String, LinkSlot>>>,
     /// When commit-only `AppendEntries` may be answered here; never, unless set.
     commit_only: Option<CommitOnly>,
+    /// `[peer_tls]`'s client side; plaintext when `None` (loopback fleets, tests).
+    tls: Option<ClientTlsConfig>,
 }
 
 /// When a commit-only `AppendEntries` is answered here (see
@@ -127,13 +131,6 @@ struct Waiting {
 struct PeerStream {
     frames: mpsc::UnboundedSender<PeerFrame>,
     waiting: Arc<Mutex<Waiting>>,
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    // Plain maps inside; a panic elsewhere cannot leave them half-changed.
-    mutex
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 impl PeerStream {
@@ -255,7 +252,14 @@ impl PeerClients {
             channels: Arc::new(Mutex::new(HashMap::new())),
             links: Arc::new(Mutex::new(HashMap::new())),
             commit_only: None,
+            tls: None,
         }
+    }
+
+    /// Calls peers over mutual TLS (`[peer_tls]`), or plaintext with `None`.
+    pub fn with_tls(mut self, tls: Option<ClientTlsConfig>) -> Self {
+        self.tls = tls;
+        self
     }
 
     /// Lets connections answer commit-only `AppendEntries` themselves (see
@@ -273,7 +277,7 @@ impl PeerClients {
         if let Some(client) = channels.get(raft_addr) {
             return Ok(client.clone());
         }
-        let endpoint = Endpoint::from_shared(format!("http://{raft_addr}"))
+        let endpoint = crate::tls::endpoint(raft_addr, self.tls.as_ref())
             .map_err(|e| PeerError::Unreachable {
                 addr: raft_addr.to_owned(),
                 reason: e.to_string(),
@@ -286,8 +290,8 @@ impl PeerClients {
             .keep_alive_timeout(KEEPALIVE_TIMEOUT)
             .keep_alive_while_idle(true);
         let client = PeerClient::new(endpoint.connect_lazy())
-            .max_decoding_message_size(usize::MAX)
-            .max_encoding_message_size(usize::MAX);
+            .max_decoding_message_size(PEER_MESSAGE_BYTES_MAX)
+            .max_encoding_message_size(PEER_MESSAGE_BYTES_MAX);
         channels.insert(raft_addr.to_owned(), client.clone());
         Ok(client)
     }

@@ -12,15 +12,17 @@ use std::pin::Pin;
 use std::sync::Arc;
 
 use futures::Stream;
+use openraft::raft::InstallSnapshotRequest;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
-use tokio::sync::mpsc;
-use tokio_stream::wrappers::UnboundedReceiverStream;
+use tokio::sync::{mpsc, Semaphore};
+use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
 use super::faults::{Fault, Faults};
-use super::{NodeId, ProposeRequest, ProposeResponse, Raft};
+use super::{NodeId, ProposeRequest, ProposeResponse, Raft, TypeConfig};
 use crate::codec;
+use crate::lock::lock;
 use crate::pb::internal::peer_server::Peer;
 use crate::pb::internal::{PeerFrame, PeerMethod, RaftMessage};
 
@@ -33,6 +35,16 @@ pub trait ProposalSink: Send + Sync + 'static {
     ) -> Pin<Box<dyn Future<Output = ProposeResponse> + Send + 'static>>;
 }
 
+/// Call frames of one `Exchange` stream being answered at once. The stream is read no
+/// further while this many wait (HTTP/2 flow control then holds the sender back), so a peer
+/// cannot make a node spawn a task and queue an answer for every frame it sends.
+pub const EXCHANGE_FRAMES_IN_FLIGHT_MAX: usize = 256;
+
+/// The largest snapshot a node receives. A chunk is written at the offset its sender names;
+/// offsets are also held to what was received so far ([`SnapshotIntake`]), so memory grows
+/// only with bytes a peer really sent.
+pub const SNAPSHOT_BYTES_MAX: u64 = 16 << 30;
+
 /// The peer-facing gRPC service (cheap to clone: every clone serves the same node).
 #[derive(Clone)]
 pub struct PeerService {
@@ -40,6 +52,54 @@ pub struct PeerService {
     cluster_id: Arc<str>,
     proposals: Arc<dyn ProposalSink>,
     faults: Faults,
+    intake: Arc<std::sync::Mutex<SnapshotIntake>>,
+}
+
+/// The snapshot being received: its id and how many bytes of it arrived. openraft writes a
+/// chunk at its offset into an in-memory buffer; an offset past what arrived would grow the
+/// buffer to a size the sender only claimed.
+#[derive(Debug, Default)]
+pub struct SnapshotIntake {
+    snapshot_id: String,
+    received_bytes: u64,
+}
+
+impl SnapshotIntake {
+    /// Admits a chunk that starts a snapshot (offset 0) or continues the current one at or
+    /// before its end, within [`SNAPSHOT_BYTES_MAX`].
+    ///
+    /// # Errors
+    /// The field that is out of bounds, for an `INVALID_ARGUMENT` answer.
+    pub fn admit(
+        &mut self,
+        snapshot_id: &str,
+        offset: u64,
+        chunk_bytes: usize,
+    ) -> Result<(), String> {
+        let end = u64::try_from(chunk_bytes)
+            .ok()
+            .and_then(|len| offset.checked_add(len))
+            .filter(|end| *end <= SNAPSHOT_BYTES_MAX)
+            .ok_or_else(|| format!("offset: a chunk ending past {SNAPSHOT_BYTES_MAX} bytes"))?;
+        if offset == 0 {
+            self.snapshot_id = snapshot_id.to_owned();
+            self.received_bytes = end;
+            return Ok(());
+        }
+        if snapshot_id != self.snapshot_id {
+            return Err(format!(
+                "meta.snapshot_id: `{snapshot_id}` was not started with a chunk at offset 0"
+            ));
+        }
+        if offset > self.received_bytes {
+            return Err(format!(
+                "offset: {offset} is past the {} bytes received of snapshot `{snapshot_id}`",
+                self.received_bytes
+            ));
+        }
+        self.received_bytes = self.received_bytes.max(end);
+        Ok(())
+    }
 }
 
 /// The answers an `Exchange` stream sends back.
@@ -58,6 +118,7 @@ impl PeerService {
             cluster_id: Arc::from(cluster_id),
             proposals,
             faults,
+            intake: Arc::default(),
         }
     }
 
@@ -90,7 +151,17 @@ impl PeerService {
         match method {
             PeerMethod::AppendEntries => seal(&self.raft.append_entries(open(payload)?).await),
             PeerMethod::Vote => seal(&self.raft.vote(open(payload)?).await),
-            PeerMethod::InstallSnapshot => seal(&self.raft.install_snapshot(open(payload)?).await),
+            PeerMethod::InstallSnapshot => {
+                let request: InstallSnapshotRequest<TypeConfig> = open(payload)?;
+                lock(&self.intake)
+                    .admit(
+                        &request.meta.snapshot_id,
+                        request.offset,
+                        request.data.len(),
+                    )
+                    .map_err(Status::invalid_argument)?;
+                seal(&self.raft.install_snapshot(request).await)
+            }
             PeerMethod::Propose => seal(&self.proposals.propose(open(payload)?).await),
             PeerMethod::Unspecified => Err(Status::invalid_argument("method: not set")),
         }
@@ -181,28 +252,36 @@ impl Peer for PeerService {
     type ExchangeStream = FrameStream;
 
     /// Every call frame is answered by its own task, so a `Propose` waiting for its commit
-    /// never holds up an `AppendEntries` behind it; answers go back as they are ready.
+    /// never holds up an `AppendEntries` behind it; answers go back as they are ready. At
+    /// most [`EXCHANGE_FRAMES_IN_FLIGHT_MAX`] frames are answered at once: each task holds a
+    /// permit until its answer is queued, and the queue has room for every permit's answer.
     async fn exchange(
         &self,
         request: Request<Streaming<PeerFrame>>,
     ) -> Result<Response<Self::ExchangeStream>, Status> {
         let mut calls = request.into_inner();
-        let (answers, outbound) = mpsc::unbounded_channel();
+        let (answers, outbound) = mpsc::channel(EXCHANGE_FRAMES_IN_FLIGHT_MAX);
+        let in_flight = Arc::new(Semaphore::new(EXCHANGE_FRAMES_IN_FLIGHT_MAX));
         let service = self.clone();
         tokio::spawn(async move {
-            while let Ok(Some(frame)) = calls.message().await {
+            loop {
+                let Ok(permit) = Arc::clone(&in_flight).acquire_owned().await else {
+                    break;
+                };
+                let Ok(Some(frame)) = calls.message().await else {
+                    break;
+                };
                 let service = service.clone();
                 let answers = answers.clone();
                 tokio::spawn(async move {
                     if let Some(answer) = service.answer_frame(frame).await {
                         // The caller hung up: nobody is left to read the answer.
-                        let _ = answers.send(Ok(answer));
+                        let _ = answers.send(Ok(answer)).await;
                     }
+                    drop(permit);
                 });
             }
         });
-        Ok(Response::new(Box::pin(UnboundedReceiverStream::new(
-            outbound,
-        ))))
+        Ok(Response::new(Box::pin(ReceiverStream::new(outbound))))
     }
 }

@@ -70,6 +70,73 @@ pub struct Fleet {
     pub ip: Ipv4Addr,
     pub nodes: BTreeMap<u64, TestNode>,
     pub initial: Vec<NodeSpec>,
+    /// The fleet's CA and certificates (`ankusa-fleet certs`), when its nodes run with
+    /// `[peer_tls]`: every fleet does unless started plaintext.
+    pub certs: Option<PathBuf>,
+}
+
+/// Node ids that get a certificate in a TLS fleet (initial voters and nodes added later).
+const CERTIFIED_NODES: u64 = 7;
+
+impl Fleet {
+    /// An empty fleet on its own loopback address; with `tls`, its certificates.
+    fn empty(tls: bool) -> Fleet {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let ip = fleet_ip();
+        let certs = tls.then(|| {
+            let out = dir.path().join("certs");
+            ankusa_fleet::tls::make_certs(&ankusa_fleet::tls::CertsPlan {
+                out: out.clone(),
+                nodes: CERTIFIED_NODES,
+                hosts: (1..=CERTIFIED_NODES)
+                    .map(|id| (id, ip.to_string()))
+                    .collect(),
+            })
+            .expect("make certificates");
+            out
+        });
+        Fleet {
+            dir,
+            ip,
+            nodes: BTreeMap::new(),
+            initial: Vec::new(),
+            certs,
+        }
+    }
+
+    /// Where a `cluster` command reaches node `id`'s `Admin` service, with the fleet's
+    /// `admin` certificate when it runs TLS.
+    pub fn admin_target(&self, id: u64) -> ankusa_fleet::cli::AdminTarget {
+        let file = |name: &str| self.certs.as_ref().map(|dir| dir.join(name));
+        ankusa_fleet::cli::AdminTarget {
+            addr: Some(self.nodes[&id].spec.raft_addr.clone()),
+            config: None,
+            ca: file("ca.pem"),
+            cert: file("admin.pem"),
+            key: file("admin.key"),
+        }
+    }
+
+    /// The config text of `node` in this fleet.
+    fn config_of(&self, node: &NodeSpec, members: &[NodeSpec], extra: &str) -> String {
+        let data_dir = self.dir.path().join(format!("node{}", node.id));
+        let mut text = config_text(node, &data_dir, members, extra);
+        if let Some(certs) = &self.certs {
+            text.push_str(&format!(
+                "\n[peer_tls]\nca_file = {:?}\ncert_file = {:?}\nkey_file = {:?}\n",
+                certs.join("ca.pem").display().to_string(),
+                certs
+                    .join(format!("node{}.pem", node.id))
+                    .display()
+                    .to_string(),
+                certs
+                    .join(format!("node{}.key", node.id))
+                    .display()
+                    .to_string(),
+            ));
+        }
+        text
+    }
 }
 
 /// Specs for nodes `ids` on `ip`, with ports that were free there and differ from each other
@@ -122,17 +189,21 @@ fn config_text(
 }
 
 impl Fleet {
-    /// Starts `n` initial voters; `extra` is appended to every config (optional keys).
+    /// Starts `n` initial voters with `[peer_tls]`; `extra` is appended to every config
+    /// (optional top-level keys).
     pub async fn start(n: u64, extra: &str) -> Fleet {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let ip = fleet_ip();
-        let initial = specs(ip, 1..=n, &[]);
-        let mut fleet = Fleet {
-            dir,
-            ip,
-            nodes: BTreeMap::new(),
-            initial: initial.clone(),
-        };
+        Self::start_with(n, extra, true)
+    }
+
+    /// Starts `n` initial voters whose Raft traffic is plaintext (loopback allows it).
+    pub async fn start_plain(n: u64, extra: &str) -> Fleet {
+        Self::start_with(n, extra, false)
+    }
+
+    fn start_with(n: u64, extra: &str, tls: bool) -> Fleet {
+        let mut fleet = Fleet::empty(tls);
+        let initial = specs(fleet.ip, 1..=n, &[]);
+        fleet.initial = initial.clone();
         for node in &initial {
             fleet.add_process(node.clone(), &initial, extra);
         }
@@ -141,10 +212,8 @@ impl Fleet {
 
     /// Writes a config and starts a node process (a joining node passes `members = []`).
     pub fn add_process(&mut self, node: NodeSpec, members: &[NodeSpec], extra: &str) {
-        let data_dir = self.dir.path().join(format!("node{}", node.id));
         let config_path = self.dir.path().join(format!("node{}.toml", node.id));
-        std::fs::write(&config_path, config_text(&node, &data_dir, members, extra))
-            .expect("write config");
+        std::fs::write(&config_path, self.config_of(&node, members, extra)).expect("write config");
         let log_path = self.dir.path().join(format!("node{}.log", node.id));
         let mut test_node = TestNode {
             spec: node.clone(),
@@ -721,19 +790,12 @@ impl Fleet {
     /// Writes every config of an `n`-voter fleet but starts only the nodes in `running`; the
     /// others can be started later with [`Fleet::restart`].
     pub fn start_some(n: u64, running: &[u64], extra: &str) -> Fleet {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let ip = fleet_ip();
-        let initial = specs(ip, 1..=n, &[]);
-        let mut fleet = Fleet {
-            dir,
-            ip,
-            nodes: BTreeMap::new(),
-            initial: initial.clone(),
-        };
+        let mut fleet = Fleet::empty(true);
+        let initial = specs(fleet.ip, 1..=n, &[]);
+        fleet.initial = initial.clone();
         for node in &initial {
-            let data_dir = fleet.dir.path().join(format!("node{}", node.id));
             let config_path = fleet.dir.path().join(format!("node{}.toml", node.id));
-            std::fs::write(&config_path, config_text(node, &data_dir, &initial, extra))
+            std::fs::write(&config_path, fleet.config_of(node, &initial, extra))
                 .expect("write config");
             let mut test_node = TestNode {
                 spec: node.clone(),
@@ -798,10 +860,11 @@ impl Fleet {
     }
 
     async fn send_faults(&self, id: u64, request: pb::internal::SetFaultsRequest) {
-        use pb::internal::admin_client::AdminClient;
-        let mut admin = AdminClient::connect(format!("http://{}", self.api_addr(id)))
+        let mut admin = self
+            .admin_target(id)
+            .connect()
             .await
-            .unwrap_or_else(|e| self.fail(&format!("admin client for node {id}: {e}")));
+            .unwrap_or_else(|e| self.fail(&format!("admin client for node {id}: {e:#}")));
         if let Err(e) = admin.set_faults(request).await {
             self.fail(&format!("set_faults on node {id}: {e}"));
         }

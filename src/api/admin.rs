@@ -1,0 +1,176 @@
+//! The `Admin` service: membership for the `cluster` commands, and fault rules for the
+//! fault tests. Served on `raft_addr` only, beside the `Peer` service and behind the same
+//! `[peer_tls]`: whoever calls it holds a certificate of the fleet CA. A follower forwards a
+//! membership change to the leader's `raft_addr`, with this node's own certificate.
+//!
+//! It never serves edge calls.
+
+use std::sync::Arc;
+
+use tonic::transport::ClientTlsConfig;
+use tonic::{Request, Response, Status};
+
+use super::status_of;
+use crate::node::{Node, NodeError};
+use crate::pb;
+use crate::pb::internal::admin_client::AdminClient;
+use crate::pb::internal::admin_server::Admin;
+use crate::pb::internal::{
+    AddMemberRequest, AdminResponse, ClusterMember, ClusterStatusRequest, ClusterStatusResponse,
+    RemoveMemberRequest, SetFaultsRequest,
+};
+use crate::raft::faults::{Fault, Faults};
+use crate::raft::MemberNode;
+
+/// How long a forward to the leader may take to connect.
+const FORWARD_CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Membership administration for the `cluster` CLI; a follower forwards to the leader.
+pub struct AdminService {
+    node: Arc<Node>,
+    faults: Faults,
+    /// How this node calls another's `raft_addr` (`[peer_tls]`'s client side).
+    peer_tls: Option<ClientTlsConfig>,
+}
+
+impl AdminService {
+    /// Serves membership changes of `node`; forwards go out with `peer_tls`.
+    pub fn new(node: Arc<Node>, faults: Faults, peer_tls: Option<ClientTlsConfig>) -> Self {
+        Self {
+            node,
+            faults,
+            peer_tls,
+        }
+    }
+
+    async fn leader_admin(
+        &self,
+        leader_raft_addr: Option<String>,
+    ) -> Result<AdminClient<tonic::transport::Channel>, Status> {
+        let Some(addr) = leader_raft_addr else {
+            return Err(Status::unavailable(
+                "no leader known; retry once the fleet has elected one",
+            ));
+        };
+        let unavailable = |e: String| Status::unavailable(format!("leader at {addr}: {e}"));
+        let channel = crate::tls::endpoint(&addr, self.peer_tls.as_ref())
+            .map_err(|e| unavailable(e.to_string()))?
+            .connect_timeout(FORWARD_CONNECT_TIMEOUT)
+            .connect()
+            .await
+            .map_err(|e| unavailable(e.to_string()))?;
+        Ok(AdminClient::new(channel)
+            .max_decoding_message_size(crate::limits::API_RESPONSE_BYTES_MAX))
+    }
+}
+
+#[tonic::async_trait]
+impl Admin for AdminService {
+    async fn add_member(
+        &self,
+        request: Request<AddMemberRequest>,
+    ) -> Result<Response<AdminResponse>, Status> {
+        let add = request.into_inner();
+        if add.id == 0 {
+            return Err(Status::invalid_argument("id: must be at least 1"));
+        }
+        for (field, addr) in [("api_addr", &add.api_addr), ("raft_addr", &add.raft_addr)] {
+            if addr.parse::<std::net::SocketAddr>().is_err() {
+                return Err(Status::invalid_argument(format!(
+                    "{field}: `{addr}` is not an ip:port address"
+                )));
+            }
+        }
+        let member = MemberNode {
+            api_addr: add.api_addr.clone(),
+            raft_addr: add.raft_addr.clone(),
+        };
+        match self.node.add_member(add.id, member, add.voter).await {
+            Ok(message) => Ok(Response::new(AdminResponse { message })),
+            Err(NodeError::NotLeader { leader_raft_addr }) => {
+                self.leader_admin(leader_raft_addr)
+                    .await?
+                    .add_member(add)
+                    .await
+            }
+            Err(e) => Err(status_of(e)),
+        }
+    }
+
+    async fn remove_member(
+        &self,
+        request: Request<RemoveMemberRequest>,
+    ) -> Result<Response<AdminResponse>, Status> {
+        let remove = request.into_inner();
+        match self.node.remove_member(remove.id).await {
+            Ok(message) => Ok(Response::new(AdminResponse { message })),
+            Err(NodeError::NotLeader { leader_raft_addr }) => {
+                self.leader_admin(leader_raft_addr)
+                    .await?
+                    .remove_member(remove)
+                    .await
+            }
+            Err(e) => Err(status_of(e)),
+        }
+    }
+
+    async fn cluster_status(
+        &self,
+        _request: Request<ClusterStatusRequest>,
+    ) -> Result<Response<ClusterStatusResponse>, Status> {
+        let status = self.node.status();
+        Ok(Response::new(ClusterStatusResponse {
+            node_id: status.node_id,
+            leader_id: status.leader_id.unwrap_or(0),
+            term: status.term,
+            last_applied: status.last_applied,
+            members: status
+                .members
+                .into_iter()
+                .map(|(id, node, voter)| ClusterMember {
+                    id,
+                    api_addr: node.api_addr,
+                    raft_addr: node.raft_addr,
+                    voter,
+                })
+                .collect(),
+        }))
+    }
+
+    async fn set_faults(
+        &self,
+        request: Request<SetFaultsRequest>,
+    ) -> Result<Response<AdminResponse>, Status> {
+        let request = request.into_inner();
+        let mut rules = std::collections::HashMap::new();
+        for (i, fault) in request.faults.into_iter().enumerate() {
+            let rule = match pb::internal::FaultKind::try_from(fault.kind) {
+                Ok(pb::internal::FaultKind::Drop) => Fault::Drop,
+                Ok(pb::internal::FaultKind::Blackhole) => Fault::Blackhole,
+                Ok(pb::internal::FaultKind::Delay) => {
+                    Fault::Delay(std::time::Duration::from_millis(fault.delay_ms))
+                }
+                _ => {
+                    let message = format!("faults[{i}].kind: must be DROP, BLACKHOLE or DELAY");
+                    return Err(Status::invalid_argument(message));
+                }
+            };
+            rules.insert(fault.peer_id, rule);
+        }
+        let count = rules.len();
+        self.faults
+            .set(rules)
+            .map_err(Status::failed_precondition)?;
+        self.faults
+            .hold_log_writes(request.hold_log_writes)
+            .map_err(Status::failed_precondition)?;
+        let held = if request.hold_log_writes {
+            ", log writer held"
+        } else {
+            ""
+        };
+        Ok(Response::new(AdminResponse {
+            message: format!("{count} fault rules set{held}"),
+        }))
+    }
+}

@@ -1,0 +1,55 @@
+//! The limits of both gRPC servers and of their clients, named in one place (docs/security.md
+//! lists them with their reasons).
+//!
+//! The edge's server (`api_addr`) is sized to the largest valid request; the peers' server
+//! (`raft_addr`) to a snapshot chunk. Both bound HTTP/2 streams and concurrent calls per
+//! connection, ping idle connections and close those that stop answering, and give a
+//! connection that never finishes its TLS handshake a deadline.
+
+use std::time::Duration;
+
+/// The largest request the edge API decodes. The largest valid request (a `Hit` with
+/// `CHARGES_MAX` charges and a claim, every id and key at its byte limit) encodes to under
+/// 8 KiB; a test holds the limit to that (`the_api_limit_fits_the_largest_valid_request`).
+pub const API_MESSAGE_BYTES_MAX: usize = 16 * 1024;
+
+/// The largest answer an edge client (the CLI, `bench`) decodes: a `Status` of a large
+/// fleet is a few KiB.
+pub const API_RESPONSE_BYTES_MAX: usize = 1024 * 1024;
+
+/// The largest message between peers, either way: a snapshot chunk is at most openraft's
+/// `snapshot_max_chunk_size` (3 MiB by default) plus its metadata, and a batch of
+/// AppendEntries at most 300 entries of `batch_commands_max` commands each.
+pub const PEER_MESSAGE_BYTES_MAX: usize = 64 * 1024 * 1024;
+
+/// HTTP/2 streams one connection may have open at once. The edge keeps one `HitStream` per
+/// worker or sends unary calls that end quickly; a peer opens one `Exchange` stream plus a
+/// unary call at a time.
+pub const API_STREAMS_PER_CONNECTION_MAX: u32 = 1024;
+pub const PEER_STREAMS_PER_CONNECTION_MAX: u32 = 64;
+
+/// Calls one connection may have being served at once (tower's concurrency limit: a call
+/// beyond it waits for one to finish).
+pub const API_CALLS_PER_CONNECTION_MAX: usize = 1024;
+pub const PEER_CALLS_PER_CONNECTION_MAX: usize = 64;
+
+/// HTTP/2 pings on every server connection, and how long an unanswered one may wait before
+/// the connection is closed: a client that vanished (power loss, partition) does not keep
+/// its streams and their tasks forever.
+pub const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
+pub const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// TCP keepalive on accepted connections, below HTTP/2: it also closes a connection whose
+/// peer stopped answering before it spoke HTTP/2 at all.
+pub const TCP_KEEPALIVE: Duration = Duration::from_secs(30);
+
+/// How long a new connection may take to finish its TLS handshake.
+pub const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The longest any unary call may run on either server. Edge calls carry their own
+/// deadline (at most `TIMEOUT_MS_MAX`, 60 s); peer calls are bounded by openraft's
+/// timeouts; this catches a call that would otherwise never end.
+pub const CALL_TIMEOUT_MAX: Duration = Duration::from_secs(120);
+
+/// The largest HTTP/2 header block either server accepts (gRPC sends a few hundred bytes).
+pub const HEADER_LIST_BYTES_MAX: u32 = 16 * 1024;

@@ -1,0 +1,330 @@
+//! TLS for both servers and for every client of `raft_addr`: load and check the PEM files
+//! that `[peer_tls]` and `[api_tls]` name, build tonic's rustls configurations, and make a
+//! fleet's certificates (`ankusa-fleet certs`, with rcgen).
+//!
+//! Peers authenticate each other by the fleet CA alone: a client certificate that chains to
+//! `ca_file` is a member of the fleet (or its operator); a server certificate must also name
+//! the host the caller dialled (the IP address or DNS name in `raft_addr`). This module never
+//! decides who may do what: that is the servers' and the `Admin` service's business.
+
+use std::path::{Path, PathBuf};
+
+use rustls_pki_types::pem::PemObject;
+use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity, ServerTlsConfig};
+
+use crate::config::{ApiTlsFiles, PeerTlsFiles};
+use crate::limits::TLS_HANDSHAKE_TIMEOUT;
+
+/// A TLS file that cannot be used, or certificates that cannot be made.
+#[derive(Debug, thiserror::Error)]
+pub enum TlsError {
+    #[error("config key `{field}`: {path}: {reason}")]
+    File {
+        field: String,
+        path: PathBuf,
+        reason: String,
+    },
+    #[error("making certificates: {0}")]
+    Generate(#[from] rcgen::Error),
+    #[error("{path}: {source}")]
+    Write {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("tls: {0}")]
+    Config(String),
+}
+
+/// What a PEM file must hold.
+#[derive(Clone, Copy)]
+enum Holds {
+    Certificates,
+    PrivateKey,
+}
+
+/// Reads `path` and checks it holds what `field` needs, so a wrong file fails at start-up
+/// with the key's name instead of at the first handshake.
+fn read_pem(field: &str, path: &Path, holds: Holds) -> Result<Vec<u8>, TlsError> {
+    let failed = |reason: String| TlsError::File {
+        field: field.to_owned(),
+        path: path.to_owned(),
+        reason,
+    };
+    let pem = std::fs::read(path).map_err(|e| failed(e.to_string()))?;
+    match holds {
+        Holds::Certificates => {
+            let certs = CertificateDer::pem_slice_iter(&pem)
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|e| failed(format!("not a PEM certificate file: {e}")))?;
+            if certs.is_empty() {
+                return Err(failed("holds no certificate".to_owned()));
+            }
+        }
+        Holds::PrivateKey => {
+            PrivateKeyDer::from_pem_slice(&pem)
+                .map_err(|e| failed(format!("holds no private key: {e}")))?;
+        }
+    }
+    Ok(pem)
+}
+
+/// `[peer_tls]`, loaded: this node's certificate and the fleet CA (bundle).
+#[derive(Clone)]
+pub struct PeerTls {
+    ca: Vec<u8>,
+    cert: Vec<u8>,
+    key: Vec<u8>,
+}
+
+impl PeerTls {
+    /// Reads and checks the three files.
+    ///
+    /// # Errors
+    /// A file that cannot be read or does not hold a certificate (key), by config key.
+    pub fn load(files: &PeerTlsFiles) -> Result<Self, TlsError> {
+        Ok(Self {
+            ca: read_pem("peer_tls.ca_file", &files.ca_file, Holds::Certificates)?,
+            cert: read_pem("peer_tls.cert_file", &files.cert_file, Holds::Certificates)?,
+            key: read_pem("peer_tls.key_file", &files.key_file, Holds::PrivateKey)?,
+        })
+    }
+
+    /// `raft_addr`'s server: presents this node's certificate and requires a client
+    /// certificate that chains to the CA (plaintext, none or another CA's: refused at the
+    /// handshake).
+    pub fn server(&self) -> ServerTlsConfig {
+        ServerTlsConfig::new()
+            .identity(Identity::from_pem(&self.cert, &self.key))
+            .client_ca_root(Certificate::from_pem(&self.ca))
+            .timeout(TLS_HANDSHAKE_TIMEOUT)
+    }
+
+    /// Calls to another node's `raft_addr`: present this node's certificate, verify the
+    /// peer's against the CA and the dialled host.
+    pub fn client(&self) -> ClientTlsConfig {
+        ClientTlsConfig::new()
+            .ca_certificate(Certificate::from_pem(&self.ca))
+            .identity(Identity::from_pem(&self.cert, &self.key))
+            .timeout(TLS_HANDSHAKE_TIMEOUT)
+    }
+}
+
+/// `[api_tls]`, loaded.
+#[derive(Clone)]
+pub struct ApiTls {
+    cert: Vec<u8>,
+    key: Vec<u8>,
+    client_ca: Option<Vec<u8>>,
+}
+
+impl ApiTls {
+    /// Reads and checks the files.
+    ///
+    /// # Errors
+    /// As [`PeerTls::load`].
+    pub fn load(files: &ApiTlsFiles) -> Result<Self, TlsError> {
+        Ok(Self {
+            cert: read_pem("api_tls.cert_file", &files.cert_file, Holds::Certificates)?,
+            key: read_pem("api_tls.key_file", &files.key_file, Holds::PrivateKey)?,
+            client_ca: files
+                .client_ca_file
+                .as_deref()
+                .map(|path| read_pem("api_tls.client_ca_file", path, Holds::Certificates))
+                .transpose()?,
+        })
+    }
+
+    /// `api_addr`'s server: TLS only; with a client CA, edge clients must present a
+    /// certificate signed by it.
+    pub fn server(&self) -> ServerTlsConfig {
+        let config = ServerTlsConfig::new()
+            .identity(Identity::from_pem(&self.cert, &self.key))
+            .timeout(TLS_HANDSHAKE_TIMEOUT);
+        match &self.client_ca {
+            Some(ca) => config.client_ca_root(Certificate::from_pem(ca)),
+            None => config,
+        }
+    }
+}
+
+/// A client's TLS from PEM files (the `cluster` commands, tests): `ca` verifies the server,
+/// `cert` and `key`, if given, are presented.
+///
+/// # Errors
+/// A file that cannot be read or holds the wrong thing.
+pub fn client_from_files(
+    ca: &Path,
+    identity: Option<(&Path, &Path)>,
+) -> Result<ClientTlsConfig, TlsError> {
+    let ca = read_pem("--ca", ca, Holds::Certificates)?;
+    let config = ClientTlsConfig::new()
+        .ca_certificate(Certificate::from_pem(ca))
+        .timeout(TLS_HANDSHAKE_TIMEOUT);
+    Ok(match identity {
+        Some((cert, key)) => config.identity(Identity::from_pem(
+            read_pem("--cert", cert, Holds::Certificates)?,
+            read_pem("--key", key, Holds::PrivateKey)?,
+        )),
+        None => config,
+    })
+}
+
+/// An endpoint for `addr` (`host:port`): `https` with `tls`, plain `http` without.
+///
+/// # Errors
+/// When `addr` is not a valid authority or rustls refuses the configuration.
+pub fn endpoint(addr: &str, tls: Option<&ClientTlsConfig>) -> Result<Endpoint, TlsError> {
+    let scheme = if tls.is_some() { "https" } else { "http" };
+    let endpoint = Endpoint::from_shared(format!("{scheme}://{addr}"))
+        .map_err(|e| TlsError::Config(format!("address `{addr}`: {e}")))?;
+    match tls {
+        Some(tls) => endpoint
+            .tls_config(tls.clone())
+            .map_err(|e| TlsError::Config(e.to_string())),
+        None => Ok(endpoint),
+    }
+}
+
+/// What `ankusa-fleet certs` makes.
+#[derive(Debug, clap::Args)]
+pub struct CertsPlan {
+    /// Where to write `ca.pem`, `ca.key`, `nodeN.pem`, `nodeN.key`, `admin.pem`, `admin.key`.
+    /// A CA already there is reused (new node certificates for a running fleet); existing
+    /// node certificates are kept.
+    #[arg(long)]
+    pub out: PathBuf,
+    /// Node certificates to make, for ids 1 to N.
+    #[arg(long)]
+    pub nodes: u64,
+    /// A host a node is reached at, as `ID=NAME` (an IP address or DNS name in its
+    /// `raft_addr`); repeat for more. Every node certificate also names 127.0.0.1, ::1 and
+    /// localhost.
+    #[arg(long = "host", value_parser = parse_host)]
+    pub hosts: Vec<(u64, String)>,
+}
+
+fn parse_host(text: &str) -> Result<(u64, String), String> {
+    let (id, name) = text
+        .split_once('=')
+        .ok_or_else(|| format!("`{text}`: expected ID=NAME"))?;
+    let id = id.parse().map_err(|_| format!("`{id}`: not a node id"))?;
+    Ok((id, name.to_owned()))
+}
+
+/// The names every node certificate carries, so a fleet on one host works as made.
+const LOOPBACK_NAMES: [&str; 3] = ["127.0.0.1", "::1", "localhost"];
+
+/// Makes (or reuses) the fleet CA in `plan.out` and a certificate for every node id from 1
+/// to `plan.nodes` that has none yet, plus an `admin` client certificate. Returns the files
+/// written.
+///
+/// # Errors
+/// When a file cannot be read or written, or rcgen refuses a parameter.
+pub fn make_certs(plan: &CertsPlan) -> Result<Vec<PathBuf>, TlsError> {
+    use rcgen::{
+        BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer,
+        KeyPair, KeyUsagePurpose,
+    };
+    let out = &plan.out;
+    std::fs::create_dir_all(out).map_err(|source| TlsError::Write {
+        path: out.clone(),
+        source,
+    })?;
+    let mut written = Vec::new();
+    let (ca_pem_path, ca_key_path) = (out.join("ca.pem"), out.join("ca.key"));
+    let issuer = if ca_pem_path.exists() && ca_key_path.exists() {
+        let key = KeyPair::from_pem(&read_text(&ca_key_path)?)?;
+        Issuer::from_ca_cert_pem(&read_text(&ca_pem_path)?, key)?
+    } else {
+        let key = KeyPair::generate()?;
+        let mut params = CertificateParams::new(Vec::<String>::new())?;
+        params.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
+        params
+            .distinguished_name
+            .push(DnType::CommonName, "ankusa-fleet CA");
+        params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+        let cert = params.self_signed(&key)?;
+        write_file(&ca_pem_path, cert.pem().as_bytes(), false)?;
+        write_file(&ca_key_path, key.serialize_pem().as_bytes(), true)?;
+        written.extend([ca_pem_path, ca_key_path]);
+        Issuer::new(params, key)
+    };
+    let mut leaf = |name: &str,
+                    common_name: String,
+                    sans: Vec<String>,
+                    usages: Vec<ExtendedKeyUsagePurpose>|
+     -> Result<(), TlsError> {
+        let (cert_path, key_path) = (
+            out.join(format!("{name}.pem")),
+            out.join(format!("{name}.key")),
+        );
+        if cert_path.exists() && key_path.exists() {
+            return Ok(());
+        }
+        let key = KeyPair::generate()?;
+        let mut params = CertificateParams::new(sans)?;
+        params
+            .distinguished_name
+            .push(DnType::CommonName, common_name);
+        params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+        params.extended_key_usages = usages;
+        let cert = params.signed_by(&key, &issuer)?;
+        write_file(&cert_path, cert.pem().as_bytes(), false)?;
+        write_file(&key_path, key.serialize_pem().as_bytes(), true)?;
+        written.extend([cert_path, key_path]);
+        Ok(())
+    };
+    for id in 1..=plan.nodes {
+        let mut sans: Vec<String> = LOOPBACK_NAMES.iter().map(|n| (*n).to_owned()).collect();
+        sans.extend(
+            plan.hosts
+                .iter()
+                .filter(|(host_id, _)| *host_id == id)
+                .map(|(_, name)| name.clone()),
+        );
+        // A node is a server to its peers and a client of theirs.
+        let usages = vec![
+            ExtendedKeyUsagePurpose::ServerAuth,
+            ExtendedKeyUsagePurpose::ClientAuth,
+        ];
+        leaf(
+            &format!("node{id}"),
+            format!("ankusa-fleet node {id}"),
+            sans,
+            usages,
+        )?;
+    }
+    leaf(
+        "admin",
+        "ankusa-fleet admin".to_owned(),
+        Vec::new(),
+        vec![ExtendedKeyUsagePurpose::ClientAuth],
+    )?;
+    Ok(written)
+}
+
+fn read_text(path: &Path) -> Result<String, TlsError> {
+    std::fs::read_to_string(path).map_err(|source| TlsError::Write {
+        path: path.to_owned(),
+        source,
+    })
+}
+
+/// Writes a new file; a private key is readable by its owner only.
+fn write_file(path: &Path, bytes: &[u8], private: bool) -> Result<(), TlsError> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let failed = |source| TlsError::Write {
+        path: path.to_owned(),
+        source,
+    };
+    let mut options = std::fs::OpenOptions::new();
+    options.write(true).create(true).truncate(true);
+    if private {
+        options.mode(0o600);
+    }
+    let mut file = options.open(path).map_err(failed)?;
+    file.write_all(bytes).map_err(failed)?;
+    file.sync_all().map_err(failed)
+}
