@@ -41,6 +41,9 @@ pub mod snapshot;
 pub mod state;
 pub mod tls;
 
+#[cfg(test)]
+mod decode_fuzz;
+
 /// Generated protobuf and gRPC code.
 #[allow(clippy::all, missing_docs)]
 pub mod pb {

@@ -25,6 +25,7 @@ use crate::codec;
 use crate::lock::lock;
 use crate::pb::internal::peer_server::Peer;
 use crate::pb::internal::{PeerFrame, PeerMethod, RaftMessage};
+use crate::snapshot::HEADER_LEN;
 
 /// Where `Propose` calls go: the node's proposal queue (implemented by `node`).
 pub trait ProposalSink: Send + Sync + 'static {
@@ -55,18 +56,25 @@ pub struct PeerService {
     intake: Arc<std::sync::Mutex<SnapshotIntake>>,
 }
 
-/// The snapshot being received: its id and how many bytes of it arrived. openraft writes a
-/// chunk at its offset into an in-memory buffer; an offset past what arrived would grow the
-/// buffer to a size the sender only claimed.
-#[derive(Debug, Default)]
+/// The snapshot being received: its id, how many bytes of it arrived, its header and the
+/// running checksum of its body. openraft writes a chunk at its offset into an in-memory
+/// buffer, and a snapshot that fails to install stops its Raft core; so an offset past what
+/// arrived (which would grow the buffer to a size the sender only claimed) is refused, and
+/// so is a last chunk whose snapshot does not match its own header: it never reaches
+/// openraft.
+#[derive(Default)]
 pub struct SnapshotIntake {
     snapshot_id: String,
     received_bytes: u64,
+    header: Vec<u8>,
+    body_crc: crc32fast::Hasher,
 }
 
 impl SnapshotIntake {
     /// Admits a chunk that starts a snapshot (offset 0) or continues the current one at or
-    /// before its end, within [`SNAPSHOT_BYTES_MAX`].
+    /// before its end, within [`SNAPSHOT_BYTES_MAX`]; the last one (`done`) only if the
+    /// whole snapshot checks against its header. A chunk sent again (a retry) is admitted;
+    /// only bytes past what arrived count toward the checksum.
     ///
     /// # Errors
     /// The field that is out of bounds, for an `INVALID_ARGUMENT` answer.
@@ -74,30 +82,45 @@ impl SnapshotIntake {
         &mut self,
         snapshot_id: &str,
         offset: u64,
-        chunk_bytes: usize,
+        data: &[u8],
+        done: bool,
     ) -> Result<(), String> {
-        let end = u64::try_from(chunk_bytes)
+        let end = u64::try_from(data.len())
             .ok()
             .and_then(|len| offset.checked_add(len))
             .filter(|end| *end <= SNAPSHOT_BYTES_MAX)
             .ok_or_else(|| format!("offset: a chunk ending past {SNAPSHOT_BYTES_MAX} bytes"))?;
         if offset == 0 {
-            self.snapshot_id = snapshot_id.to_owned();
-            self.received_bytes = end;
-            return Ok(());
-        }
-        if snapshot_id != self.snapshot_id {
+            *self = Self {
+                snapshot_id: snapshot_id.to_owned(),
+                ..Self::default()
+            };
+        } else if snapshot_id != self.snapshot_id {
             return Err(format!(
                 "meta.snapshot_id: `{snapshot_id}` was not started with a chunk at offset 0"
             ));
-        }
-        if offset > self.received_bytes {
+        } else if offset > self.received_bytes {
             return Err(format!(
                 "offset: {offset} is past the {} bytes received of snapshot `{snapshot_id}`",
                 self.received_bytes
             ));
         }
+        let seen = usize::try_from(self.received_bytes - offset).unwrap_or(usize::MAX);
+        if let Some(fresh) = data.get(seen..) {
+            let into_header = fresh.len().min(HEADER_LEN - self.header.len());
+            self.header.extend_from_slice(&fresh[..into_header]);
+            self.body_crc.update(&fresh[into_header..]);
+        }
         self.received_bytes = self.received_bytes.max(end);
+        if done {
+            let body_bytes = self.received_bytes.saturating_sub(HEADER_LEN as u64);
+            crate::snapshot::check_header(
+                &self.header,
+                body_bytes,
+                self.body_crc.clone().finalize(),
+            )
+            .map_err(|e| format!("data: the received snapshot does not check: {e}"))?;
+        }
         Ok(())
     }
 }
@@ -157,7 +180,8 @@ impl PeerService {
                     .admit(
                         &request.meta.snapshot_id,
                         request.offset,
-                        request.data.len(),
+                        &request.data,
+                        request.done,
                     )
                     .map_err(Status::invalid_argument)?;
                 seal(&self.raft.install_snapshot(request).await)
@@ -283,5 +307,72 @@ impl Peer for PeerService {
             }
         });
         Ok(Response::new(Box::pin(ReceiverStream::new(outbound))))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn chunks_of(snapshot: &[u8], size: usize) -> Vec<(u64, &[u8], bool)> {
+        let count = snapshot.chunks(size).count();
+        snapshot
+            .chunks(size)
+            .enumerate()
+            .map(|(i, chunk)| ((i * size) as u64, chunk, i + 1 == count))
+            .collect()
+    }
+
+    fn a_snapshot() -> Vec<u8> {
+        crate::snapshot::encode(&crate::snapshot::SnapshotBody::default()).expect("encode")
+    }
+
+    #[test]
+    fn a_whole_snapshot_is_admitted_chunk_by_chunk_even_with_a_retry() {
+        let snapshot = a_snapshot();
+        let mut intake = SnapshotIntake::default();
+        let chunks = chunks_of(&snapshot, 7);
+        for (n, (offset, chunk, done)) in chunks.iter().enumerate() {
+            intake.admit("s1", *offset, chunk, *done).expect("admitted");
+            if n == 2 {
+                // openraft resends a chunk whose answer it did not get.
+                let (offset, chunk, _) = chunks[1];
+                intake.admit("s1", offset, chunk, false).expect("a retry");
+            }
+        }
+    }
+
+    #[test]
+    fn offsets_past_what_arrived_and_unchecked_snapshots_are_refused() {
+        let snapshot = a_snapshot();
+        let mut intake = SnapshotIntake::default();
+        let err = intake.admit("s1", 1 << 20, b"x", false).expect_err("a gap");
+        assert!(err.starts_with("meta.snapshot_id"), "{err}");
+        intake
+            .admit("s1", 0, &snapshot[..10], false)
+            .expect("first");
+        let err = intake
+            .admit("s1", 11, &snapshot[11..], true)
+            .expect_err("a gap");
+        assert!(err.starts_with("offset"), "{err}");
+        let err = intake
+            .admit("s2", 10, &snapshot[10..], true)
+            .expect_err("another id");
+        assert!(err.starts_with("meta.snapshot_id"), "{err}");
+        let err = intake
+            .admit("s1", u64::MAX, b"xy", false)
+            .expect_err("overflow");
+        assert!(err.starts_with("offset"), "{err}");
+        let mut flipped = snapshot.clone();
+        let last = flipped.len() - 1;
+        flipped[last] ^= 1;
+        let err = intake
+            .admit("s1", 10, &flipped[10..], true)
+            .expect_err("a flipped bit");
+        assert!(err.starts_with("data"), "{err}");
+        let err = SnapshotIntake::default()
+            .admit("s3", 0, &[0xff; 25], true)
+            .expect_err("25 bytes of 0xff");
+        assert!(err.starts_with("data"), "{err}");
     }
 }

@@ -18,7 +18,7 @@ const MAGIC: [u8; 4] = *b"AKFS";
 /// Bump when [`SnapshotBody`] changes shape; older nodes refuse newer snapshots.
 pub const FORMAT_VERSION: u32 = 1;
 /// magic + version + body length + crc32.
-const HEADER_LEN: usize = 4 + 4 + 8 + 4;
+pub const HEADER_LEN: usize = 4 + 4 + 8 + 4;
 
 /// Everything a node needs to resume from a snapshot.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
@@ -105,6 +105,25 @@ pub fn decode(bytes: &[u8]) -> Result<SnapshotBody, SnapshotFormatError> {
         });
     }
     let (header, payload) = bytes.split_at(HEADER_LEN);
+    check_header(header, payload.len() as u64, crc32fast::hash(payload))?;
+    Ok(codec::decode(payload)?)
+}
+
+/// Checks a header against the body that follows it, given as its length and CRC-32 (which
+/// a receiver can compute chunk by chunk, before the whole snapshot is in one buffer).
+///
+/// # Errors
+/// A short header, another magic or version, or a length or checksum that does not match.
+pub fn check_header(
+    header: &[u8],
+    body_bytes: u64,
+    body_crc: u32,
+) -> Result<(), SnapshotFormatError> {
+    let Some(header) = header.get(..HEADER_LEN) else {
+        return Err(SnapshotFormatError::Truncated {
+            len_bytes: header.len(),
+        });
+    };
     if header[0..4] != MAGIC {
         return Err(SnapshotFormatError::BadMagic);
     }
@@ -115,18 +134,20 @@ pub fn decode(bytes: &[u8]) -> Result<SnapshotBody, SnapshotFormatError> {
     let mut len_bytes = [0u8; 8];
     len_bytes.copy_from_slice(&header[8..16]);
     let expected_bytes = u64::from_le_bytes(len_bytes);
-    if payload.len() as u64 != expected_bytes {
+    if body_bytes != expected_bytes {
         return Err(SnapshotFormatError::Length {
-            found_bytes: payload.len() as u64,
+            found_bytes: body_bytes,
             expected_bytes,
         });
     }
     let stored = u32::from_le_bytes([header[16], header[17], header[18], header[19]]);
-    let computed = crc32fast::hash(payload);
-    if stored != computed {
-        return Err(SnapshotFormatError::Checksum { stored, computed });
+    if stored != body_crc {
+        return Err(SnapshotFormatError::Checksum {
+            stored,
+            computed: body_crc,
+        });
     }
-    Ok(codec::decode(payload)?)
+    Ok(())
 }
 
 #[cfg(test)]
