@@ -12,7 +12,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 
 use futures::Stream;
-use openraft::raft::InstallSnapshotRequest;
+use openraft::raft::{AppendEntriesRequest, InstallSnapshotRequest, VoteRequest};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use tokio::sync::{mpsc, Semaphore};
@@ -172,10 +172,26 @@ impl PeerService {
     /// answer.
     async fn dispatch(&self, method: PeerMethod, payload: &[u8]) -> Result<Vec<u8>, Status> {
         match method {
-            PeerMethod::AppendEntries => seal(&self.raft.append_entries(open(payload)?).await),
-            PeerMethod::Vote => seal(&self.raft.vote(open(payload)?).await),
+            PeerMethod::AppendEntries => {
+                let request: AppendEntriesRequest<TypeConfig> = open(payload)?;
+                bounded_vote("vote", &request.vote)?;
+                bounded_log_id("prev_log_id", request.prev_log_id.as_ref())?;
+                bounded_log_id("leader_commit", request.leader_commit.as_ref())?;
+                for (i, entry) in request.entries.iter().enumerate() {
+                    bounded_log_id(&format!("entries[{i}].log_id"), Some(&entry.log_id))?;
+                }
+                seal(&self.raft.append_entries(request).await)
+            }
+            PeerMethod::Vote => {
+                let request: VoteRequest<NodeId> = open(payload)?;
+                bounded_vote("vote", &request.vote)?;
+                bounded_log_id("last_log_id", request.last_log_id.as_ref())?;
+                seal(&self.raft.vote(request).await)
+            }
             PeerMethod::InstallSnapshot => {
                 let request: InstallSnapshotRequest<TypeConfig> = open(payload)?;
+                bounded_vote("vote", &request.vote)?;
+                bounded_log_id("meta.last_log_id", request.meta.last_log_id.as_ref())?;
                 lock(&self.intake)
                     .admit(
                         &request.meta.snapshot_id,
@@ -236,6 +252,38 @@ impl PeerService {
             },
         })
     }
+}
+
+/// The largest term and log index a peer may name. Terms grow by one per election and
+/// indexes by one per entry, so no fleet comes near it; a message past it is garbage, and
+/// openraft's `term + 1` and `index + 1` would overflow on it.
+pub const TERM_OR_INDEX_MAX: u64 = 1 << 62;
+
+fn out_of_bounds(field: &str, value: u64) -> Status {
+    Status::invalid_argument(format!("{field}: {value} is past {TERM_OR_INDEX_MAX}"))
+}
+
+fn bounded_vote(field: &str, vote: &openraft::Vote<NodeId>) -> Result<(), Status> {
+    match vote.leader_id.term {
+        term if term > TERM_OR_INDEX_MAX => Err(out_of_bounds(&format!("{field}.term"), term)),
+        _ => Ok(()),
+    }
+}
+
+fn bounded_log_id(field: &str, log_id: Option<&super::LogId>) -> Result<(), Status> {
+    let Some(log_id) = log_id else {
+        return Ok(());
+    };
+    if log_id.leader_id.term > TERM_OR_INDEX_MAX {
+        return Err(out_of_bounds(
+            &format!("{field}.term"),
+            log_id.leader_id.term,
+        ));
+    }
+    if log_id.index > TERM_OR_INDEX_MAX {
+        return Err(out_of_bounds(&format!("{field}.index"), log_id.index));
+    }
+    Ok(())
 }
 
 fn open<T: DeserializeOwned>(payload: &[u8]) -> Result<T, Status> {

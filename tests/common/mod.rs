@@ -73,6 +73,10 @@ pub struct Fleet {
     /// The fleet's CA and certificates (`ankusa-fleet certs`), when its nodes run with
     /// `[peer_tls]`: every fleet does unless started plaintext.
     pub certs: Option<PathBuf>,
+    /// Whether new configs get `[api_tls]` (node certificates, edge certificates of the
+    /// fleet CA required); the harness' own edge clients are plaintext, so such a fleet is
+    /// driven by the test itself.
+    pub api_tls: bool,
 }
 
 /// Node ids that get a certificate in a TLS fleet (initial voters and nodes added later).
@@ -101,7 +105,25 @@ impl Fleet {
             nodes: BTreeMap::new(),
             initial: Vec::new(),
             certs,
+            api_tls: false,
         }
+    }
+
+    /// Starts `n` initial voters with `[peer_tls]` and `[api_tls]`.
+    pub fn start_with_api_tls(n: u64, extra: &str) -> Fleet {
+        let mut fleet = Fleet::empty(true);
+        fleet.api_tls = true;
+        let initial = specs(fleet.ip, 1..=n, &[]);
+        fleet.initial = initial.clone();
+        for node in &initial {
+            fleet.add_process(node.clone(), &initial, extra);
+        }
+        fleet
+    }
+
+    /// A certificate file of this fleet's (`ca.pem`, `admin.key`, ...).
+    pub fn cert_file(&self, name: &str) -> PathBuf {
+        self.certs.as_ref().expect("a TLS fleet").join(name)
     }
 
     /// Where a `cluster` command reaches node `id`'s `Admin` service, with the fleet's
@@ -134,6 +156,15 @@ impl Fleet {
                     .display()
                     .to_string(),
             ));
+            if self.api_tls {
+                let file = |name: String| certs.join(name).display().to_string();
+                text.push_str(&format!(
+                    "\n[api_tls]\ncert_file = {:?}\nkey_file = {:?}\nclient_ca_file = {:?}\n",
+                    file(format!("node{}.pem", node.id)),
+                    file(format!("node{}.key", node.id)),
+                    file("ca.pem".to_owned()),
+                ));
+            }
         }
         text
     }
@@ -570,7 +601,7 @@ where
     results.into_iter().filter_map(Result::err).collect()
 }
 
-async fn commit_claim(
+pub async fn commit_claim(
     client: &mut FleetClient<Channel>,
     tenant: &str,
     key: &str,
@@ -820,6 +851,35 @@ impl Fleet {
             .status()
             .expect("run kill");
         assert!(status.success(), "kill {signal} {pid} failed");
+    }
+
+    /// The exit status of node `id` if its process ended (without reaping a running one).
+    pub fn try_exit_status(&mut self, id: u64) -> Option<std::process::ExitStatus> {
+        let node = self.nodes.get_mut(&id).expect("known node");
+        node.child.as_mut()?.try_wait().expect("try_wait")
+    }
+
+    /// SIGTERM: the node drains and exits.
+    pub fn terminate(&self, id: u64) {
+        self.signal(id, "-TERM");
+    }
+
+    /// Waits (with the harness deadline) for node `id` to exit by itself; its exit status.
+    pub async fn wait_exit(&mut self, id: u64) -> std::process::ExitStatus {
+        let deadline = Instant::now() + CONDITION_DEADLINE;
+        loop {
+            let node = self.nodes.get_mut(&id).expect("known node");
+            let child = node.child.as_mut().expect("node runs");
+            if let Some(status) = child.try_wait().expect("try_wait") {
+                node.child = None;
+                return status;
+            }
+            if Instant::now() > deadline {
+                self.dump_logs();
+                panic!("node {id} did not exit");
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
     }
 
     /// SIGSTOP: the process freezes (no answer, no timer) until [`Fleet::resume`].

@@ -1,0 +1,206 @@
+//! A hostile process that reaches `raft_addr` of a plaintext fleet (the cluster id right,
+//! everything else wrong): thousands of seeded random and mutated frames to every `Peer`
+//! method, unary and on `Exchange`. Every node stays alive and the fleet still answers
+//! from the fleet afterwards. (With `[peer_tls]` such a process is refused at the
+//! handshake: tests/security.rs.)
+
+mod common;
+
+use std::time::Duration;
+
+use ankusa_fleet::codec;
+use ankusa_fleet::pb::internal::peer_client::PeerClient;
+use ankusa_fleet::pb::internal::{PeerFrame, PeerMethod, RaftMessage};
+use ankusa_fleet::raft::{NodeId, ProposeRequest, TypeConfig};
+use common::*;
+use openraft::raft::{AppendEntriesRequest, InstallSnapshotRequest, VoteRequest};
+use openraft::Vote;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use tonic::transport::Channel;
+
+const TENANT: &str = "acme";
+/// Frames per method per node, unary; as many again on one `Exchange` stream per node.
+const FRAMES_PER_METHOD: usize = 250;
+const SEED: u64 = 14;
+/// The frames that aborted a node before decoding had a limit.
+const PROPOSE_THAT_ABORTED: [u8; 13] = [1, 1, 1, 1, 0xfd, 0, 0, 0, 0, 0, 0, 0, 0x40];
+
+/// Valid encodings of each method's request under term 0 (below any real vote), to mutate.
+fn bases() -> Vec<(PeerMethod, Vec<u8>)> {
+    let vote = VoteRequest::<NodeId> {
+        vote: Vote::new(0, 99),
+        last_log_id: None,
+    };
+    let append = AppendEntriesRequest::<TypeConfig> {
+        vote: Vote::new_committed(0, 99),
+        prev_log_id: None,
+        entries: Vec::new(),
+        leader_commit: None,
+    };
+    let install = InstallSnapshotRequest::<TypeConfig> {
+        vote: Vote::new_committed(0, 99),
+        meta: Default::default(),
+        offset: 0,
+        data: vec![0xab; 64],
+        done: false,
+    };
+    let propose = ProposeRequest {
+        commands: Vec::<ankusa_fleet::state::Command>::new(),
+        timeout_ms: 50,
+    };
+    vec![
+        (PeerMethod::Vote, codec::encode(&vote).expect("encode")),
+        (
+            PeerMethod::AppendEntries,
+            codec::encode(&append).expect("encode"),
+        ),
+        (
+            PeerMethod::InstallSnapshot,
+            codec::encode(&install).expect("encode"),
+        ),
+        (
+            PeerMethod::Propose,
+            codec::encode(&propose).expect("encode"),
+        ),
+    ]
+}
+
+/// Random bytes, the aborting corpus, or `base` with a few bytes flipped, set to a varint
+/// marker, cut or inserted.
+fn frame(rng: &mut StdRng, base: &[u8]) -> Vec<u8> {
+    match rng.gen_range(0..10) {
+        0..=2 => (0..rng.gen_range(0..200)).map(|_| rng.gen()).collect(),
+        3 => PROPOSE_THAT_ABORTED.to_vec(),
+        4 => vec![0xff; 25],
+        _ => {
+            let mut bytes = base.to_vec();
+            for _ in 0..rng.gen_range(1..5) {
+                if bytes.is_empty() {
+                    bytes.push(rng.gen());
+                    continue;
+                }
+                let i = rng.gen_range(0..bytes.len());
+                match rng.gen_range(0..4) {
+                    0 => bytes[i] ^= 1 << rng.gen_range(0..8),
+                    1 => bytes[i] = [0xfb, 0xfc, 0xfd, 0xff][rng.gen_range(0..4)],
+                    2 => bytes.truncate(i),
+                    _ => bytes.insert(i, rng.gen()),
+                }
+            }
+            bytes
+        }
+    }
+}
+
+async fn unary(client: &mut PeerClient<Channel>, method: PeerMethod, payload: Vec<u8>) {
+    let message = RaftMessage {
+        cluster_id: "ankusa-fleet".to_owned(),
+        from_node_id: 99,
+        payload,
+    };
+    let call = async {
+        match method {
+            PeerMethod::Vote => client.vote(message).await.map(drop),
+            PeerMethod::AppendEntries => client.append_entries(message).await.map(drop),
+            PeerMethod::InstallSnapshot => client.install_snapshot(message).await.map(drop),
+            _ => client.propose(message).await.map(drop),
+        }
+    };
+    // Answers are not the point (most are INVALID_ARGUMENT); the node staying up is.
+    let _ = tokio::time::timeout(Duration::from_secs(5), call).await;
+}
+
+/// Sends `frames` on one `Exchange` stream and reads answers until the stream ends or goes
+/// quiet; returns how many answers came back.
+async fn exchange(client: &mut PeerClient<Channel>, frames: Vec<PeerFrame>) -> usize {
+    let count = frames.len();
+    let Ok(Ok(answers)) = tokio::time::timeout(
+        Duration::from_secs(10),
+        client.exchange(futures::stream::iter(frames)),
+    )
+    .await
+    else {
+        return 0;
+    };
+    let mut answers = answers.into_inner();
+    let mut answered = 0;
+    while answered < count {
+        match tokio::time::timeout(Duration::from_secs(5), answers.message()).await {
+            Ok(Ok(Some(_))) => answered += 1,
+            _ => break,
+        }
+    }
+    answered
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn seeded_garbage_to_every_peer_method_stops_no_node() {
+    init_tracing();
+    let fleet = Fleet::start_plain(3, "").await;
+    fleet.wait_for_leader(&[1, 2, 3]).await;
+    fleet
+        .commit_claims(&[1, 2, 3], TENANT, &keys("before", 10), 4)
+        .await;
+    let mut rng = StdRng::seed_from_u64(SEED);
+    let bases = bases();
+
+    for id in 1..=3 {
+        tracing::info!(
+            node = id,
+            "--- unary frames to every Peer method, then one Exchange stream"
+        );
+        let addr = format!("http://{}", fleet.nodes[&id].spec.raft_addr);
+        let channel = Channel::from_shared(addr)
+            .expect("uri")
+            .connect()
+            .await
+            .expect("connect");
+        let mut client = PeerClient::new(channel);
+        let mut frames = Vec::new();
+        for (method, base) in &bases {
+            for n in 0..FRAMES_PER_METHOD {
+                unary(&mut client, *method, frame(&mut rng, base)).await;
+                frames.push(PeerFrame {
+                    call_id: (frames.len() + n) as u64,
+                    // Now and then a method number no Peer method has.
+                    method: if rng.gen_range(0..20) == 0 {
+                        rng.gen_range(5..1000)
+                    } else {
+                        *method as i32
+                    },
+                    cluster_id: "ankusa-fleet".to_owned(),
+                    from_node_id: 99,
+                    payload: frame(&mut rng, base),
+                    ..PeerFrame::default()
+                });
+            }
+        }
+        let sent = frames.len();
+        let answered = exchange(&mut client, frames).await;
+        tracing::info!(node = id, sent, answered, "Exchange frames answered");
+        assert!(answered > 0, "node {id} answered no Exchange frame");
+    }
+
+    tracing::info!("--- every node is alive, and the fleet answers from the fleet");
+    let mut fleet = fleet;
+    assert_exited_none(&mut fleet);
+    fleet.wait_for_leader(&[1, 2, 3]).await;
+    let after = keys("after", 30);
+    fleet.commit_claims(&[1, 2, 3], TENANT, &after, 4).await;
+    for id in 1..=3 {
+        fleet.assert_duplicates(id, TENANT, &after, 4).await;
+        fleet
+            .assert_duplicates(id, TENANT, &keys("before", 10), 4)
+            .await;
+    }
+    assert_exited_none(&mut fleet);
+}
+
+/// No node process exited (a panic or abort would have ended it).
+fn assert_exited_none(fleet: &mut Fleet) {
+    for id in 1..=3 {
+        let exited = fleet.try_exit_status(id);
+        assert!(exited.is_none(), "node {id} exited: {exited:?}");
+    }
+}
