@@ -199,9 +199,11 @@ start_free_port_fleet() {
         subst+=(-e "s/127\.0\.0\.1:$old\"/127.0.0.1:${ports[n]}\"/g")
         if ((n < 3)); then addrs+=("127.0.0.1:${ports[n]}"); fi
     done
+    "$BIN" certs --out "$WORK/fleet/certs" --nodes 3 >/dev/null
     for n in 1 2 3; do
         sed "${subst[@]}" \
             -e "s#^data_dir = .*#data_dir = \"$WORK/fleet/node$n\"#" \
+            -e "s#data/local-3/certs#$WORK/fleet/certs#g" \
             "cluster-configs/local-3/node$n.toml" >"$WORK/fleet/node$n.toml"
         TOKIO_WORKER_THREADS=$workers "$BIN" serve --config "$WORK/fleet/node$n.toml" \
             >"$WORK/fleet/node$n.log" 2>&1 &
@@ -216,8 +218,8 @@ start_free_port_fleet() {
         for pid in $NODE_PIDS; do
             kill -0 "$pid" 2>/dev/null || { tail -n 20 "$WORK"/fleet/node*.log >&2; die "node $pid exited"; }
         done
-        lines=$(for a in "${addrs[@]}"; do
-            timeout 5 "$BIN" cluster status --addr "$a" 2>/dev/null | head -n1 || true
+        lines=$(for n in 1 2 3; do
+            timeout 5 "$BIN" cluster status --config "$WORK/fleet/node$n.toml" 2>/dev/null | head -n1 || true
         done)
         ids=$(grep -oE 'leader [1-9][0-9]*' <<<"$lines" | awk '{print $2}' || true)
         if [[ $(grep -c . <<<"$ids" || true) == 3 && $(sort -u <<<"$ids" | wc -l) == 1 ]]; then

@@ -53,3 +53,49 @@ pub const CALL_TIMEOUT_MAX: Duration = Duration::from_secs(120);
 
 /// The largest HTTP/2 header block either server accepts (gRPC sends a few hundred bytes).
 pub const HEADER_LIST_BYTES_MAX: u32 = 16 * 1024;
+
+#[cfg(test)]
+mod tests {
+    use prost::Message;
+
+    use super::*;
+    use crate::api::validate::{self, CHARGES_MAX, ID_BYTES_MAX, KEY_BYTES_MAX, YEAR_US};
+    use crate::pb;
+
+    #[test]
+    fn the_api_limit_fits_the_largest_valid_request() {
+        let id = "x".repeat(ID_BYTES_MAX);
+        let charges = (0..CHARGES_MAX)
+            .map(|n| pb::Charge {
+                kind: pb::Kind::Bytes as i32,
+                tenant: format!("{n:x<ID_BYTES_MAX$}"),
+                increment_us: YEAR_US,
+                capacity_us: YEAR_US,
+            })
+            .collect();
+        let largest = pb::HitRequest {
+            charges,
+            claim: Some(pb::Claim {
+                tenant: id.clone(),
+                source_id: id.clone(),
+                key: "k".repeat(KEY_BYTES_MAX),
+                hook_id: id,
+                ttl_ms: validate::TTL_MS_MAX,
+                pending_ttl_ms: validate::TTL_MS_MAX,
+            }),
+            timeout_ms: crate::config::TIMEOUT_MS_MAX,
+            rate_limit_scope: pb::Scope::Fleet as i32,
+            dedupe_scope: pb::Scope::Fleet as i32,
+        };
+        let defaults = validate::RequestDefaults {
+            timeout: std::time::Duration::from_secs(1),
+            claim_ttl_ms: 1_000,
+        };
+        validate::hit(&largest, defaults).expect("the largest request is valid");
+        let bytes = largest.encoded_len();
+        // Room for it, and not much more: a limit far above the largest valid request would
+        // only let an invalid one cost more to read before it is refused.
+        assert!(bytes <= API_MESSAGE_BYTES_MAX, "{bytes} bytes");
+        assert!(bytes * 4 > API_MESSAGE_BYTES_MAX, "{bytes} bytes");
+    }
+}
