@@ -70,7 +70,7 @@ for round in $(seq "$ROUNDS"); do
     for mode in tls plain; do
         start "$mode"
         before=$(ticks $PIDS)
-        out=$("$BIN" bench --addrs "$ADDRS" --callers "$CALLERS" --duration-s "$DURATION_S")
+        out=$("$BIN" bench --addrs "$ADDRS" --callers "$CALLERS" --duration-s "$DURATION_S" 2>/dev/null)
         after=$(ticks $PIDS)
         python3 - "$mode" "$round" "$((after - before))" "$hz" "$out" <<'PY'
 import json, sys
