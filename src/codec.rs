@@ -51,7 +51,7 @@ pub fn encode_exact<T: Serialize>(value: &T, front_len: usize) -> Result<Vec<u8>
 /// full width (8 bytes for a `u64`, 16 for a `u128`), a byte string claims its length. So a
 /// well-formed input never claims more than 16 times its own length, and a length prefix
 /// that claims more is refused before anything is allocated for it.
-const CLAIM_PER_INPUT_BYTE_MAX: u64 = 16;
+pub const CLAIM_PER_INPUT_BYTE_MAX: u64 = 16;
 
 /// The limits bincode can be given (a const generic): each eight times the one before, so
 /// the limit in force is at most eight times the input's own bound.
