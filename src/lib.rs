@@ -26,6 +26,7 @@
 // types of the storage and network paths; boxing them locally would only add copies.
 #![allow(clippy::result_large_err)]
 
+pub mod accept;
 pub mod api;
 pub mod bench;
 pub mod cli;

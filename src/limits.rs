@@ -33,15 +33,26 @@ pub const PEER_STREAMS_PER_CONNECTION_MAX: u32 = 64;
 pub const API_CALLS_PER_CONNECTION_MAX: usize = 1024;
 pub const PEER_CALLS_PER_CONNECTION_MAX: usize = 64;
 
-/// HTTP/2 pings on every server connection, and how long an unanswered one may wait before
-/// the connection is closed: a client that vanished (power loss, partition) does not keep
-/// its streams and their tasks forever.
-pub const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
-pub const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(20);
-
-/// TCP keepalive on accepted connections, below HTTP/2: it also closes a connection whose
-/// peer stopped answering before it spoke HTTP/2 at all.
+/// TCP keepalive on accepted connections: a client that vanished (power loss, partition)
+/// is found after about `TCP_KEEPALIVE + TCP_KEEPALIVE_INTERVAL * TCP_KEEPALIVE_RETRIES`
+/// (60 s) of silence and its connection closed, with its streams and their tasks. The
+/// kernel sends the probes, so they do not count as reads for the idle timeout (HTTP/2
+/// pings from the server would: every client answers them).
 pub const TCP_KEEPALIVE: Duration = Duration::from_secs(30);
+pub const TCP_KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
+pub const TCP_KEEPALIVE_RETRIES: u32 = 3;
+
+/// Connections open at once on each server; one more is closed as soon as it is accepted.
+/// The edge on one host needs one per worker; a fleet needs one per peer plus the `cluster`
+/// commands. Keep the process' open-file limit above their sum (systemd `LimitNOFILE`).
+pub const API_CONNECTIONS_MAX: usize = 1024;
+pub const PEER_CONNECTIONS_MAX: usize = 128;
+
+/// A connection from which nothing was read for this long is closed. Edge clients that
+/// keep a quiet `HitStream` open ping (HTTP/2 keepalive) or reconnect; a peer's client
+/// pings every second, so only a connection that says nothing at all reaches it.
+pub const API_IDLE_TIMEOUT: Duration = Duration::from_secs(300);
+pub const PEER_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// How long a new connection may take to finish its TLS handshake.
 pub const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);

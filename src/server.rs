@@ -11,9 +11,9 @@ use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
-use tokio_stream::wrappers::TcpListenerStream;
 use tonic::transport::Server;
 
+use crate::accept::{incoming, ConnectionLimits};
 use crate::api::admin::AdminService;
 use crate::api::drain::DrainGate;
 use crate::api::validate::RequestDefaults;
@@ -307,20 +307,6 @@ async fn form_cluster_once(raft: &Raft, config: &NodeConfig) -> Result<(), Start
     Ok(())
 }
 
-/// Accepted connections with Nagle's algorithm off: small request/answer messages would
-/// otherwise wait for delayed ACKs (about 40 ms on Linux). `Server::tcp_nodelay` only
-/// applies to listeners tonic binds itself, not to an incoming stream.
-fn incoming(
-    listener: TcpListener,
-) -> impl tokio_stream::Stream<Item = std::io::Result<tokio::net::TcpStream>> {
-    use tokio_stream::StreamExt;
-    TcpListenerStream::new(listener).map(|accepted| {
-        let stream = accepted?;
-        stream.set_nodelay(true)?;
-        Ok(stream)
-    })
-}
-
 async fn until_stopped(mut stopped: watch::Receiver<bool>) {
     let _ = stopped.wait_for(|stop| *stop).await;
 }
@@ -341,9 +327,6 @@ fn server_builder(
     let builder = Server::builder()
         .max_concurrent_streams(streams_per_connection_max)
         .concurrency_limit_per_connection(calls_per_connection_max)
-        .http2_keepalive_interval(Some(limits::KEEPALIVE_INTERVAL))
-        .http2_keepalive_timeout(Some(limits::KEEPALIVE_TIMEOUT))
-        .tcp_keepalive(Some(limits::TCP_KEEPALIVE))
         .http2_max_header_list_size(limits::HEADER_LIST_BYTES_MAX)
         .timeout(limits::CALL_TIMEOUT_MAX);
     match tls {
@@ -373,9 +356,13 @@ fn serve_peers(
         limits::PEER_CALLS_PER_CONNECTION_MAX,
     )?;
     let router = builder.add_service(peer).add_service(admin);
+    let connections = ConnectionLimits {
+        connections_max: limits::PEER_CONNECTIONS_MAX,
+        idle_timeout: limits::PEER_IDLE_TIMEOUT,
+    };
     Ok(async move {
         let served = router
-            .serve_with_incoming_shutdown(incoming(listener), until_stopped(stopped))
+            .serve_with_incoming_shutdown(incoming(listener, connections), until_stopped(stopped))
             .await;
         if let Err(e) = served {
             tracing::error!(error = %e, "raft server stopped");
@@ -401,9 +388,13 @@ fn serve_api(
         limits::API_CALLS_PER_CONNECTION_MAX,
     )?;
     let router = builder.add_service(health).add_service(fleet);
+    let connections = ConnectionLimits {
+        connections_max: limits::API_CONNECTIONS_MAX,
+        idle_timeout: limits::API_IDLE_TIMEOUT,
+    };
     Ok(async move {
         let served = router
-            .serve_with_incoming_shutdown(incoming(listener), until_stopped(stopped))
+            .serve_with_incoming_shutdown(incoming(listener, connections), until_stopped(stopped))
             .await;
         if let Err(e) = served {
             tracing::error!(error = %e, "api server stopped");

@@ -1,0 +1,238 @@
+//! Accepted connections of both servers, before tonic sees them: Nagle's algorithm off, TCP
+//! keepalive on, a cap on connections open at once, and an idle timeout.
+//!
+//! `Server::tcp_nodelay` and tonic's TCP keepalive only apply to listeners tonic binds
+//! itself, so a node that binds its own (to learn port 0's port first) sets them here. This
+//! module decides nothing about who may connect; TLS and the services do.
+
+use std::future::Future;
+use std::io;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::time::{Instant, Sleep};
+use tokio_stream::wrappers::TcpListenerStream;
+use tokio_stream::{Stream, StreamExt};
+use tonic::transport::server::{Connected, TcpConnectInfo};
+
+use crate::limits::{TCP_KEEPALIVE, TCP_KEEPALIVE_INTERVAL, TCP_KEEPALIVE_RETRIES};
+
+/// How a server treats its accepted connections.
+#[derive(Clone, Copy, Debug)]
+pub struct ConnectionLimits {
+    /// Connections open at once; one more is closed as soon as it is accepted.
+    pub connections_max: usize,
+    /// A connection from which nothing was read for this long is closed.
+    pub idle_timeout: Duration,
+}
+
+/// The connections `listener` accepts, within `limits`. An accept error is passed on
+/// (tonic logs it and goes on accepting).
+pub fn incoming(
+    listener: TcpListener,
+    limits: ConnectionLimits,
+) -> impl Stream<Item = io::Result<Guarded>> {
+    let open = Arc::new(Semaphore::new(limits.connections_max));
+    TcpListenerStream::new(listener).filter_map(move |accepted| {
+        let stream = match accepted {
+            Ok(stream) => stream,
+            Err(e) => return Some(Err(e)),
+        };
+        let Ok(permit) = Arc::clone(&open).try_acquire_owned() else {
+            metrics::counter!("ankusa_connections_refused_total").increment(1);
+            tracing::debug!(
+                max = limits.connections_max,
+                "connection refused: too many open"
+            );
+            return None;
+        };
+        match configure(&stream) {
+            Ok(()) => Some(Ok(Guarded::new(stream, limits.idle_timeout, permit))),
+            Err(e) => Some(Err(e)),
+        }
+    })
+}
+
+/// Nagle off (small request/answer messages would otherwise wait for delayed ACKs, about
+/// 40 ms on Linux) and TCP keepalive on (a peer that vanished is found even when no byte
+/// is due).
+fn configure(stream: &TcpStream) -> io::Result<()> {
+    stream.set_nodelay(true)?;
+    let keepalive = socket2::TcpKeepalive::new()
+        .with_time(TCP_KEEPALIVE)
+        .with_interval(TCP_KEEPALIVE_INTERVAL)
+        .with_retries(TCP_KEEPALIVE_RETRIES);
+    socket2::SockRef::from(stream).set_tcp_keepalive(&keepalive)
+}
+
+/// An accepted connection that holds its place under the cap and times out when idle.
+pub struct Guarded {
+    stream: TcpStream,
+    idle_timeout: Duration,
+    /// When the idle timer fires next; pushed back lazily (reads only note their time).
+    deadline: Pin<Box<Sleep>>,
+    last_read: Instant,
+    _open: OwnedSemaphorePermit,
+}
+
+impl Guarded {
+    fn new(stream: TcpStream, idle_timeout: Duration, open: OwnedSemaphorePermit) -> Self {
+        let now = Instant::now();
+        Self {
+            stream,
+            idle_timeout,
+            deadline: Box::pin(tokio::time::sleep_until(now + idle_timeout)),
+            last_read: now,
+            _open: open,
+        }
+    }
+
+    /// `Err` once nothing was read for `idle_timeout`; otherwise registers the timer.
+    fn check_idle(&mut self, cx: &mut Context<'_>) -> io::Result<()> {
+        while self.deadline.as_mut().poll(cx).is_ready() {
+            let due = self.last_read + self.idle_timeout;
+            if due <= Instant::now() {
+                return Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    "connection idle past its timeout",
+                ));
+            }
+            self.deadline.as_mut().reset(due);
+        }
+        Ok(())
+    }
+}
+
+impl AsyncRead for Guarded {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let before = buf.filled().len();
+        match Pin::new(&mut self.stream).poll_read(cx, buf) {
+            Poll::Ready(Ok(())) => {
+                if buf.filled().len() > before {
+                    self.last_read = Instant::now();
+                }
+                Poll::Ready(Ok(()))
+            }
+            Poll::Pending => match self.check_idle(cx) {
+                Ok(()) => Poll::Pending,
+                Err(e) => Poll::Ready(Err(e)),
+            },
+            failed => failed,
+        }
+    }
+}
+
+impl AsyncWrite for Guarded {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.stream).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.stream).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.stream.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.stream).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.stream).poll_shutdown(cx)
+    }
+}
+
+impl Connected for Guarded {
+    type ConnectInfo = TcpConnectInfo;
+
+    fn connect_info(&self) -> Self::ConnectInfo {
+        self.stream.connect_info()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    use super::*;
+
+    async fn listen(
+        limits: ConnectionLimits,
+    ) -> (std::net::SocketAddr, tokio::sync::mpsc::Receiver<Guarded>) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let (accepted, rx) = tokio::sync::mpsc::channel(8);
+        tokio::spawn(async move {
+            let mut incoming = Box::pin(incoming(listener, limits));
+            while let Some(Ok(conn)) = incoming.next().await {
+                if accepted.send(conn).await.is_err() {
+                    break;
+                }
+            }
+        });
+        (addr, rx)
+    }
+
+    #[tokio::test]
+    async fn a_connection_that_sends_nothing_is_closed_after_the_idle_timeout() {
+        let limits = ConnectionLimits {
+            connections_max: 4,
+            idle_timeout: Duration::from_secs(2),
+        };
+        let (addr, mut accepted) = listen(limits).await;
+        let mut client = TcpStream::connect(addr).await.expect("connect");
+        let mut server = accepted.recv().await.expect("accepted");
+        client.write_all(b"ping").await.expect("write");
+        let mut buf = [0u8; 4];
+        server.read_exact(&mut buf).await.expect("read");
+        // Nothing more is sent: the next read fails once the timeout has passed.
+        let read = tokio::time::timeout(Duration::from_secs(30), server.read(&mut buf))
+            .await
+            .expect("the idle timeout ended the read");
+        let err = read.expect_err("idle");
+        assert_eq!(err.kind(), io::ErrorKind::TimedOut);
+    }
+
+    #[tokio::test]
+    async fn connections_past_the_cap_are_closed_at_once() {
+        let limits = ConnectionLimits {
+            connections_max: 1,
+            idle_timeout: Duration::from_secs(600),
+        };
+        let (addr, mut accepted) = listen(limits).await;
+        let _first = TcpStream::connect(addr).await.expect("connect");
+        let held = accepted.recv().await.expect("first accepted");
+        let mut second = TcpStream::connect(addr).await.expect("connect");
+        let mut buf = [0u8; 1];
+        // The server closes it: the client reads end of file (or a reset).
+        let read = tokio::time::timeout(Duration::from_secs(30), second.read(&mut buf))
+            .await
+            .expect("closed within the deadline");
+        assert!(matches!(read, Ok(0) | Err(_)), "{read:?}");
+        drop(held);
+        let _third = TcpStream::connect(addr).await.expect("connect");
+        let third = tokio::time::timeout(Duration::from_secs(30), accepted.recv())
+            .await
+            .expect("a place was free again");
+        assert!(third.is_some());
+    }
+}
