@@ -43,12 +43,29 @@ pub struct AdminTarget {
     /// The certificate's private key.
     #[arg(long, requires = "ca")]
     pub key: Option<PathBuf>,
+    /// The fleet's `cluster_id` (default: `--config`'s, else the default `ankusa-fleet`).
+    #[arg(long)]
+    pub cluster_id: Option<String>,
 }
 
 /// How long a `cluster` command waits to connect.
 const ADMIN_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
 impl AdminTarget {
+    /// The cluster id the call names: `--cluster-id`, else `--config`'s, else the default.
+    ///
+    /// # Errors
+    /// When `--config` cannot be read.
+    pub fn cluster_id(&self) -> anyhow::Result<String> {
+        if let Some(cluster_id) = &self.cluster_id {
+            return Ok(cluster_id.clone());
+        }
+        Ok(match &self.config {
+            Some(path) => NodeConfig::load(path)?.cluster_id,
+            None => crate::config::Defaults::CLUSTER_ID.to_owned(),
+        })
+    }
+
     /// Connects to the node's `Admin` service: TLS with `--ca/--cert/--key` or the config's
     /// `[peer_tls]`, plaintext otherwise (a loopback fleet without `[peer_tls]`).
     ///
@@ -101,7 +118,9 @@ pub async fn status(api_addr: &str) -> anyhow::Result<pb::StatusResponse> {
 pub async fn cluster_status(target: &AdminTarget) -> anyhow::Result<ClusterStatusResponse> {
     let mut admin = target.connect().await?;
     Ok(admin
-        .cluster_status(ClusterStatusRequest {})
+        .cluster_status(ClusterStatusRequest {
+            cluster_id: target.cluster_id()?,
+        })
         .await?
         .into_inner())
 }
@@ -133,7 +152,8 @@ pub fn print_status(status: &ClusterStatusResponse) {
 ///
 /// # Errors
 /// When the node cannot be reached or the change is refused.
-pub async fn add(target: &AdminTarget, request: AddMemberRequest) -> anyhow::Result<String> {
+pub async fn add(target: &AdminTarget, mut request: AddMemberRequest) -> anyhow::Result<String> {
+    request.cluster_id = target.cluster_id()?;
     let mut admin = target.connect().await?;
     Ok(admin.add_member(request).await?.into_inner().message)
 }
@@ -145,7 +165,10 @@ pub async fn add(target: &AdminTarget, request: AddMemberRequest) -> anyhow::Res
 pub async fn remove(target: &AdminTarget, id: u64) -> anyhow::Result<String> {
     let mut admin = target.connect().await?;
     Ok(admin
-        .remove_member(RemoveMemberRequest { id })
+        .remove_member(RemoveMemberRequest {
+            cluster_id: target.cluster_id()?,
+            id,
+        })
         .await?
         .into_inner()
         .message)

@@ -171,6 +171,7 @@ async fn main() -> anyhow::Result<()> {
                 learner,
             } => {
                 let request = AddMemberRequest {
+                    cluster_id: String::new(),
                     id,
                     api_addr,
                     raft_addr,

@@ -229,6 +229,7 @@ pub async fn start(config: NodeConfig, listeners: Listeners) -> Result<RunningNo
         .await;
     let admin = AdminService::new(
         node.clone(),
+        config.cluster_id.clone(),
         faults.clone(),
         peer_tls.as_ref().map(PeerTls::client),
     );

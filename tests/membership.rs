@@ -34,6 +34,7 @@ async fn start_joiner(fleet: &mut Fleet, spec: NodeSpec, extra: &str) {
 /// AddMember through node `via`; returns the admin answer.
 async fn add_member(fleet: &Fleet, via: u64, spec: &NodeSpec, voter: bool) -> String {
     let request = AddMemberRequest {
+        cluster_id: String::new(),
         id: spec.id,
         api_addr: spec.api_addr.clone(),
         raft_addr: spec.raft_addr.clone(),

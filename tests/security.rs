@@ -132,6 +132,7 @@ async fn peer_tls_admits_only_fleet_certificates_and_admin_is_not_on_the_edge_po
         ca: None,
         cert: None,
         key: None,
+        cluster_id: None,
     };
     let status = cli::cluster_status(&by_config)
         .await
@@ -147,13 +148,21 @@ async fn peer_tls_admits_only_fleet_certificates_and_admin_is_not_on_the_edge_po
         cli::cluster_status(&plaintext_target).await.is_err(),
         "Admin answered a plaintext caller on raft_addr"
     );
+    let mut other_fleet = fleet.admin_target(leader);
+    other_fleet.cluster_id = Some("another-fleet".to_owned());
+    let refused = cli::cluster_status(&other_fleet)
+        .await
+        .expect_err("Admin answered a call for another cluster");
+    assert!(format!("{refused:#}").contains("cluster_id"), "{refused:#}");
     let api = Channel::from_shared(format!("http://{}", fleet.api_addr(leader)))
         .expect("uri")
         .connect()
         .await
         .expect("connect to api_addr");
     let on_api = AdminClient::new(api)
-        .cluster_status(ClusterStatusRequest {})
+        .cluster_status(ClusterStatusRequest {
+            cluster_id: "ankusa-fleet".to_owned(),
+        })
         .await
         .expect_err("Admin on api_addr");
     assert_eq!(on_api.code(), tonic::Code::Unimplemented, "{on_api:?}");

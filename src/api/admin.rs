@@ -28,19 +28,39 @@ const FORWARD_CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_s
 /// Membership administration for the `cluster` CLI; a follower forwards to the leader.
 pub struct AdminService {
     node: Arc<Node>,
+    cluster_id: String,
     faults: Faults,
     /// How this node calls another's `raft_addr` (`[peer_tls]`'s client side).
     peer_tls: Option<ClientTlsConfig>,
 }
 
 impl AdminService {
-    /// Serves membership changes of `node`; forwards go out with `peer_tls`.
-    pub fn new(node: Arc<Node>, faults: Faults, peer_tls: Option<ClientTlsConfig>) -> Self {
+    /// Serves membership changes of `node` in fleet `cluster_id`; forwards go out with
+    /// `peer_tls`.
+    pub fn new(
+        node: Arc<Node>,
+        cluster_id: String,
+        faults: Faults,
+        peer_tls: Option<ClientTlsConfig>,
+    ) -> Self {
         Self {
             node,
+            cluster_id,
             faults,
             peer_tls,
         }
+    }
+
+    /// A request meant for another fleet (two fleets under one CA) is refused.
+    fn same_cluster(&self, cluster_id: &str) -> Result<(), Status> {
+        if cluster_id == self.cluster_id {
+            return Ok(());
+        }
+        tracing::warn!(cluster_id, "refused an Admin call for another cluster");
+        Err(Status::permission_denied(format!(
+            "cluster_id: `{cluster_id}` is not this node's cluster `{}`",
+            self.cluster_id
+        )))
     }
 
     async fn leader_admin(
@@ -71,6 +91,7 @@ impl Admin for AdminService {
         request: Request<AddMemberRequest>,
     ) -> Result<Response<AdminResponse>, Status> {
         let add = request.into_inner();
+        self.same_cluster(&add.cluster_id)?;
         if add.id == 0 {
             return Err(Status::invalid_argument("id: must be at least 1"));
         }
@@ -102,6 +123,7 @@ impl Admin for AdminService {
         request: Request<RemoveMemberRequest>,
     ) -> Result<Response<AdminResponse>, Status> {
         let remove = request.into_inner();
+        self.same_cluster(&remove.cluster_id)?;
         match self.node.remove_member(remove.id).await {
             Ok(message) => Ok(Response::new(AdminResponse { message })),
             Err(NodeError::NotLeader { leader_raft_addr }) => {
@@ -116,8 +138,9 @@ impl Admin for AdminService {
 
     async fn cluster_status(
         &self,
-        _request: Request<ClusterStatusRequest>,
+        request: Request<ClusterStatusRequest>,
     ) -> Result<Response<ClusterStatusResponse>, Status> {
+        self.same_cluster(&request.get_ref().cluster_id)?;
         let status = self.node.status();
         Ok(Response::new(ClusterStatusResponse {
             node_id: status.node_id,
@@ -142,6 +165,7 @@ impl Admin for AdminService {
         request: Request<SetFaultsRequest>,
     ) -> Result<Response<AdminResponse>, Status> {
         let request = request.into_inner();
+        self.same_cluster(&request.cluster_id)?;
         let mut rules = std::collections::HashMap::new();
         for (i, fault) in request.faults.into_iter().enumerate() {
             let rule = match pb::internal::FaultKind::try_from(fault.kind) {

@@ -136,6 +136,7 @@ impl Fleet {
             ca: file("ca.pem"),
             cert: file("admin.pem"),
             key: file("admin.key"),
+            cluster_id: None,
         }
     }
 
@@ -896,6 +897,7 @@ impl Fleet {
     /// an empty list heals. A rule for peer P covers both directions at node `id`.
     pub async fn set_faults(&self, id: u64, faults: &[(u64, pb::internal::FaultKind)]) {
         let request = pb::internal::SetFaultsRequest {
+            cluster_id: "ankusa-fleet".to_owned(),
             faults: faults
                 .iter()
                 .map(|(peer_id, kind)| pb::internal::PeerFault {
@@ -913,6 +915,7 @@ impl Fleet {
     /// them) and clears its transport rules; [`Fleet::heal`] lifts the hold.
     pub async fn hold_log_writes(&self, id: u64) {
         let request = pb::internal::SetFaultsRequest {
+            cluster_id: "ankusa-fleet".to_owned(),
             faults: Vec::new(),
             hold_log_writes: true,
         };
