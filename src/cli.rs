@@ -174,12 +174,27 @@ pub async fn remove(target: &AdminTarget, id: u64) -> anyhow::Result<String> {
         .message)
 }
 
-/// Child node processes, killed when dropped.
+/// Child node processes, stopped when dropped: SIGTERM (each drains), then SIGKILL for any
+/// still running after `CHILD_DRAIN_WAIT`.
 struct Children(Vec<Child>);
+
+/// How long `dev` lets its nodes drain before it kills them.
+const CHILD_DRAIN_WAIT: Duration = Duration::from_secs(10);
 
 impl Drop for Children {
     fn drop(&mut self) {
+        for child in &self.0 {
+            if let Ok(pid) = libc::pid_t::try_from(child.id()) {
+                // SAFETY: kill(2) with a pid we spawned and have not reaped; it touches no
+                // memory of ours.
+                unsafe { libc::kill(pid, libc::SIGTERM) };
+            }
+        }
+        let deadline = Instant::now() + CHILD_DRAIN_WAIT;
         for child in &mut self.0 {
+            while Instant::now() < deadline && matches!(child.try_wait(), Ok(None)) {
+                std::thread::sleep(Duration::from_millis(50));
+            }
             let _ = child.kill();
             let _ = child.wait();
         }

@@ -37,6 +37,8 @@ use crate::tls::{ApiTls, PeerTls};
 /// sled's page cache (default 1 GiB): it holds the latest snapshot and the node-scope and
 /// fallback claim indexes, all read rarely; the live state is in memory already.
 const SLED_CACHE_BYTES: u64 = 64 * 1024 * 1024;
+/// How long a stopping node waits for its servers' connections to close by themselves.
+const SERVERS_STOP_WAIT: Duration = Duration::from_secs(2);
 /// How long a snapshot chunk may take to install on a receiving node.
 const INSTALL_SNAPSHOT_TIMEOUT_MS: u64 = 10_000;
 
@@ -434,8 +436,14 @@ impl RunningNode {
         if let Err(e) = self.node.raft().shutdown().await {
             tracing::warn!(error = %e, "raft shutdown");
         }
-        for server in self.servers {
-            let _ = tokio::time::timeout(Duration::from_secs(5), server).await;
+        // A server stops gracefully once its connections close, and peers keep theirs open
+        // (one Exchange stream each): past one shared deadline the rest are aborted. Edge
+        // calls were answered already (the drain), Raft is down.
+        let deadline = tokio::time::Instant::now() + SERVERS_STOP_WAIT;
+        for mut server in self.servers {
+            if tokio::time::timeout_at(deadline, &mut server).await.is_err() {
+                server.abort();
+            }
         }
         // The claim journals flush in the background: the last records reach the disk here.
         if let Err(e) = self.node.sync_local().await {
