@@ -286,7 +286,8 @@ pub async fn run(plan: BenchPlan) -> anyhow::Result<BenchSummary> {
         let addr = &plan.api_addrs[i % plan.api_addrs.len()];
         let client = FleetClient::connect(format!("http://{addr}"))
             .await
-            .with_context(|| format!("connecting to {addr}"))?;
+            .with_context(|| format!("connecting to {addr}"))?
+            .max_decoding_message_size(crate::limits::API_RESPONSE_BYTES_MAX);
         clients.push(client);
     }
     let plan = Arc::new(plan);

@@ -441,7 +441,10 @@ impl RunningNode {
         // calls were answered already (the drain), Raft is down.
         let deadline = tokio::time::Instant::now() + SERVERS_STOP_WAIT;
         for mut server in self.servers {
-            if tokio::time::timeout_at(deadline, &mut server).await.is_err() {
+            if tokio::time::timeout_at(deadline, &mut server)
+                .await
+                .is_err()
+            {
                 server.abort();
             }
         }

@@ -38,6 +38,8 @@ pub enum LocalError {
     Sync(#[from] std::io::Error),
     #[error("settle queue record: {0}")]
     Codec(#[from] codec::CodecError),
+    #[error("settle queue (sled tree `settle_queue` in the data dir's state.sled), record {seq}: {source}")]
+    Record { seq: u64, source: codec::CodecError },
 }
 
 /// Microseconds since the Unix epoch on this node's wall clock.

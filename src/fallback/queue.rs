@@ -69,7 +69,10 @@ impl SettleQueue {
             if key.len() == 8 {
                 seq.copy_from_slice(&key);
             }
-            queued.push((u64::from_be_bytes(seq), codec::decode(&value)?));
+            let seq = u64::from_be_bytes(seq);
+            let settle =
+                codec::decode(&value).map_err(|source| LocalError::Record { seq, source })?;
+            queued.push((seq, settle));
         }
         Ok(queued)
     }
