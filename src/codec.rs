@@ -46,6 +46,16 @@ pub fn encode_exact<T: Serialize>(value: &T, front_len: usize) -> Result<Vec<u8>
     Ok(bytes)
 }
 
+/// How many bytes `value` encodes to (one counting pass, nothing allocated).
+///
+/// # Errors
+/// Only if serde refuses the value (never for the crate's own types).
+pub fn encoded_len<T: Serialize>(value: &T) -> Result<usize, CodecError> {
+    let mut size = bincode::enc::write::SizeWriter::default();
+    bincode::serde::encode_into_writer(value, &mut size, bincode::config::standard())?;
+    Ok(size.bytes_written)
+}
+
 /// How many bytes of memory bincode may claim per byte of input. bincode counts what a
 /// decoded value takes in memory, not on the wire: a one-byte varint claims its integer's
 /// full width (8 bytes for a `u64`, 16 for a `u128`), a byte string claims its length. So a

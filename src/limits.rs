@@ -2,9 +2,9 @@
 //! lists them with their reasons).
 //!
 //! The edge's server (`api_addr`) is sized to the largest valid request; the peers' server
-//! (`raft_addr`) to a snapshot chunk. Both bound HTTP/2 streams and concurrent calls per
-//! connection, ping idle connections and close those that stop answering, and give a
-//! connection that never finishes its TLS handshake a deadline.
+//! (`raft_addr`) to a snapshot chunk. Both bound connections, HTTP/2 streams and concurrent
+//! calls per connection, close connections that fall silent (idle timeout, TCP keepalive),
+//! and give a connection that never finishes its TLS handshake a deadline.
 
 use std::time::Duration;
 
@@ -21,6 +21,13 @@ pub const API_RESPONSE_BYTES_MAX: usize = 1024 * 1024;
 /// `snapshot_max_chunk_size` (3 MiB by default) plus its metadata, and a batch of
 /// AppendEntries at most 300 entries of `batch_commands_max` commands each.
 pub const PEER_MESSAGE_BYTES_MAX: usize = 64 * 1024 * 1024;
+
+/// An upper bound on one encoded command (bincode): it comes from one validated API request,
+/// which is at most [`API_MESSAGE_BYTES_MAX`] and encodes no larger in bincode.
+pub const COMMAND_BYTES_MAX: usize = API_MESSAGE_BYTES_MAX;
+
+/// What an `AppendEntries` payload may take, leaving room for the message around it.
+pub const APPEND_ENTRIES_BYTES_MAX: usize = PEER_MESSAGE_BYTES_MAX - 64 * 1024;
 
 /// HTTP/2 streams one connection may have open at once. The edge keeps one `HitStream` per
 /// worker or sends unary calls that end quickly; a peer opens one `Exchange` stream plus a
@@ -48,9 +55,10 @@ pub const TCP_KEEPALIVE_RETRIES: u32 = 3;
 pub const API_CONNECTIONS_MAX: usize = 1024;
 pub const PEER_CONNECTIONS_MAX: usize = 128;
 
-/// A connection from which nothing was read for this long is closed. Edge clients that
-/// keep a quiet `HitStream` open ping (HTTP/2 keepalive) or reconnect; a peer's client
-/// pings every second, so only a connection that says nothing at all reaches it.
+/// A connection from which nothing was read for this long is closed. An edge client that
+/// keeps a quiet `HitStream` open must send HTTP/2 keepalive pings (tonic's
+/// `keep_alive_while_idle`; off by default) or reopen the stream when it ends; a peer's
+/// client pings every second, so only a connection that says nothing at all reaches it.
 pub const API_IDLE_TIMEOUT: Duration = Duration::from_secs(300);
 pub const PEER_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 

@@ -128,6 +128,16 @@ async fn serve(path: PathBuf) -> anyhow::Result<()> {
         _ = terminate.recv() => "SIGTERM",
     };
     tracing::info!(signal, "shutting down");
+    // A second signal during the drain stops the node at once (as an operator who presses
+    // Ctrl-C twice expects); the claim journals and the log are fsynced as they go.
+    tokio::spawn(async move {
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = terminate.recv() => {}
+        }
+        tracing::warn!("second signal: stopping without finishing the drain");
+        std::process::exit(1);
+    });
     running.drain().await;
     tracing::info!("stopped");
     Ok(())

@@ -233,7 +233,23 @@ pub fn make_certs(plan: &CertsPlan) -> Result<Vec<PathBuf>, TlsError> {
     })?;
     let mut written = Vec::new();
     let (ca_pem_path, ca_key_path) = (out.join("ca.pem"), out.join("ca.key"));
-    let issuer = if ca_pem_path.exists() && ca_key_path.exists() {
+    if ca_pem_path.exists() != ca_key_path.exists() {
+        // Making a new CA here would replace the one the fleet trusts.
+        let (present, missing) = if ca_pem_path.exists() {
+            (&ca_pem_path, &ca_key_path)
+        } else {
+            (&ca_key_path, &ca_pem_path)
+        };
+        return Err(TlsError::File {
+            field: "--out".to_owned(),
+            path: missing.clone(),
+            reason: format!(
+                "missing beside {}: signing needs both; put it back, or use a new --out for a new CA",
+                present.display()
+            ),
+        });
+    }
+    let issuer = if ca_pem_path.exists() {
         let key = KeyPair::from_pem(&read_text(&ca_key_path)?)?;
         Issuer::from_ca_cert_pem(&read_text(&ca_pem_path)?, key)?
     } else {
@@ -259,8 +275,16 @@ pub fn make_certs(plan: &CertsPlan) -> Result<Vec<PathBuf>, TlsError> {
             out.join(format!("{name}.pem")),
             out.join(format!("{name}.key")),
         );
-        if cert_path.exists() && key_path.exists() {
-            return Ok(());
+        match (cert_path.exists(), key_path.exists()) {
+            (true, true) => return Ok(()),
+            (false, false) => {}
+            _ => {
+                return Err(TlsError::File {
+                    field: "--out".to_owned(),
+                    path: cert_path,
+                    reason: format!("{name}.pem and {name}.key must both exist or neither"),
+                })
+            }
         }
         let key = KeyPair::generate()?;
         let mut params = CertificateParams::new(sans)?;

@@ -31,7 +31,7 @@ pub struct CallGuard {
 
 impl Drop for CallGuard {
     fn drop(&mut self) {
-        if self.inner.in_flight.fetch_sub(1, Ordering::AcqRel) == 1 {
+        if self.inner.in_flight.fetch_sub(1, Ordering::SeqCst) == 1 {
             self.inner.idle.notify_waiters();
         }
     }
@@ -44,11 +44,13 @@ impl DrainGate {
     /// `UNAVAILABLE` once a drain has begun.
     pub fn enter(&self) -> Result<CallGuard, Status> {
         // Counted first: a drain that begins between the two steps still waits for it.
-        self.inner.in_flight.fetch_add(1, Ordering::AcqRel);
+        // SeqCst on both sides (count then flag here, flag then count in a drain): either
+        // this call sees the flag, or the drain sees the count.
+        self.inner.in_flight.fetch_add(1, Ordering::SeqCst);
         let guard = CallGuard {
             inner: Arc::clone(&self.inner),
         };
-        if self.inner.draining.load(Ordering::Acquire) {
+        if self.inner.draining.load(Ordering::SeqCst) {
             return Err(Status::unavailable(
                 "this node is shutting down; send the call to another node",
             ));
@@ -58,17 +60,17 @@ impl DrainGate {
 
     /// Refuses every call from now on.
     pub fn begin(&self) {
-        self.inner.draining.store(true, Ordering::Release);
+        self.inner.draining.store(true, Ordering::SeqCst);
     }
 
     /// True once [`DrainGate::begin`] was called.
     pub fn is_draining(&self) -> bool {
-        self.inner.draining.load(Ordering::Acquire)
+        self.inner.draining.load(Ordering::SeqCst)
     }
 
     /// Calls inside the gate now.
     pub fn in_flight(&self) -> usize {
-        self.inner.in_flight.load(Ordering::Acquire)
+        self.inner.in_flight.load(Ordering::SeqCst)
     }
 
     /// Waits until no call is inside, at most `timeout`; false if some still were.

@@ -131,6 +131,10 @@ impl Defaults {
     pub const DRAIN_TIMEOUT_MS: u64 = 65_000;
 }
 
+/// The most commands one log entry may carry: at most `limits::COMMAND_BYTES_MAX` each, an
+/// entry then stays well within `limits::PEER_MESSAGE_BYTES_MAX`.
+pub const BATCH_COMMANDS_MAX_MAX: usize = 2_048;
+
 /// The longest a busy batch may be told to wait (`batch_linger_us`).
 pub const BATCH_LINGER_US_MAX: u64 = 100_000;
 
@@ -312,11 +316,20 @@ impl NodeConfig {
             heartbeat_ms,
             election_timeout_ms_min,
             election_timeout_ms_max,
-            batch_commands_max: positive(
+            batch_commands_max: match positive(
                 "batch_commands_max",
                 file.batch_commands_max,
                 Defaults::BATCH_COMMANDS_MAX,
-            )?,
+            )? {
+                // One entry must fit one peer message, whatever its commands.
+                n if n > BATCH_COMMANDS_MAX_MAX => {
+                    return Err(invalid(
+                        "batch_commands_max",
+                        format!("must be at most {BATCH_COMMANDS_MAX_MAX}"),
+                    ))
+                }
+                n => n,
+            },
             queue_depth_max: positive(
                 "queue_depth_max",
                 file.queue_depth_max,

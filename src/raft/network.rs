@@ -35,7 +35,7 @@ use super::faults::{Fault, Faults};
 use super::log_store::DurableLog;
 use super::{MemberNode, NodeId, ProposeRequest, ProposeResponse, TypeConfig};
 use crate::codec;
-use crate::limits::PEER_MESSAGE_BYTES_MAX;
+use crate::limits::{APPEND_ENTRIES_BYTES_MAX, COMMAND_BYTES_MAX, PEER_MESSAGE_BYTES_MAX};
 use crate::lock::lock;
 use crate::pb::internal::peer_client::PeerClient;
 use crate::pb::internal::{PeerFrame, PeerMethod, RaftMessage};
@@ -562,6 +562,30 @@ impl PeerConnection {
     }
 }
 
+/// `Some` when `rpc` would not fit one peer message: openraft then sends fewer entries at
+/// once (the hint), at once. A bound from the command counts is checked first, so the usual
+/// `AppendEntries` is not encoded twice.
+fn too_large(rpc: &AppendEntriesRequest<TypeConfig>) -> Option<openraft::error::PayloadTooLarge> {
+    let commands: usize = rpc
+        .entries
+        .iter()
+        .map(|entry| match &entry.payload {
+            openraft::EntryPayload::Normal(request) => request.commands.len(),
+            _ => 1,
+        })
+        .sum();
+    if commands.saturating_mul(COMMAND_BYTES_MAX) <= APPEND_ENTRIES_BYTES_MAX {
+        return None;
+    }
+    let bytes = codec::encoded_len(rpc).ok()?;
+    if bytes <= APPEND_ENTRIES_BYTES_MAX || rpc.entries.len() <= 1 {
+        return None;
+    }
+    metrics::counter!("ankusa_append_entries_split_total").increment(1);
+    let hint = (rpc.entries.len() as u64 / 2).max(1);
+    Some(openraft::error::PayloadTooLarge::new_entries_hint(hint))
+}
+
 impl RaftNetwork<TypeConfig> for PeerConnection {
     /// Tells the follower a commit index no higher than this node's durable log: a leader
     /// counts its own entries before they are fsynced, and a follower that applied an entry
@@ -595,6 +619,9 @@ impl RaftNetwork<TypeConfig> for PeerConnection {
                 self.catch_up_later(rpc, commit_only.catch_up, option.hard_ttl());
                 return Ok(AppendEntriesResponse::Success);
             }
+        }
+        if let Some(too_large) = too_large(&rpc) {
+            return Err(RPCError::PayloadTooLarge(too_large));
         }
         self.sends
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);

@@ -44,7 +44,9 @@ pub const EXCHANGE_FRAMES_IN_FLIGHT_MAX: usize = 256;
 /// The largest snapshot a node receives. A chunk is written at the offset its sender names;
 /// offsets are also held to what was received so far ([`SnapshotIntake`]), so memory grows
 /// only with bytes a peer really sent.
-pub const SNAPSHOT_BYTES_MAX: u64 = 16 << 30;
+/// 4 GiB: `codec::decode`'s largest tier (64 GiB) covers 16 times that, so a snapshot this
+/// node admits is one it can also decode.
+pub const SNAPSHOT_BYTES_MAX: u64 = 4 << 30;
 
 /// The peer-facing gRPC service (cheap to clone: every clone serves the same node).
 #[derive(Clone)]

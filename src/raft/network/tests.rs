@@ -463,3 +463,43 @@ async fn a_late_commit_only_append_is_dropped_when_another_went_first() {
         stub.appends.lock().expect("appends")
     );
 }
+
+#[test]
+fn an_append_too_large_for_one_message_asks_openraft_for_fewer_entries() {
+    use crate::state::{
+        ClaimKey, Command, FleetRequest, HookId, SettleOutcome, SourceId, TenantId,
+    };
+    let big = "k".repeat(1024);
+    let command = Command::Settle {
+        key: ClaimKey {
+            tenant: TenantId::from(big.as_str()),
+            source_id: SourceId::from(big.as_str()),
+            key: big.as_str().into(),
+        },
+        hook_id: HookId::from(big.as_str()),
+        outcome: SettleOutcome::Commit,
+        ttl_ms: 1,
+        node: 1,
+    };
+    let entry = |index: u64, commands: usize| crate::raft::Entry {
+        log_id: openraft::LogId::new(openraft::CommittedLeaderId::new(1, 1), index),
+        payload: openraft::EntryPayload::Normal(FleetRequest {
+            now_us: 1,
+            commands: std::sync::Arc::from(vec![command.clone(); commands]),
+        }),
+    };
+    let request = |entries| AppendEntriesRequest::<TypeConfig> {
+        vote: openraft::Vote::new_committed(1, 1),
+        prev_log_id: None,
+        entries,
+        leader_commit: None,
+    };
+    // 40 entries of 512 four-KiB commands: about 80 MiB, past one message.
+    let large = request((1..=40).map(|i| entry(i, 512)).collect());
+    let hint = super::too_large(&large).expect("too large for one message");
+    assert!(hint.to_string().contains("20"), "{hint}");
+    // A handful of small entries is sent as it is, without a second encoding.
+    assert!(super::too_large(&request((1..=5).map(|i| entry(i, 3)).collect())).is_none());
+    // One entry is never split (it cannot be): batch_commands_max keeps it within bounds.
+    assert!(super::too_large(&request(vec![entry(1, 2_048)])).is_none());
+}

@@ -70,10 +70,14 @@ pub(crate) fn read(tree: &sled::Tree) -> Result<Option<StoredSnapshot>, StateSto
         };
     };
     let expected_bytes = record.len_bytes;
-    let mut data = Vec::with_capacity(usize::try_from(expected_bytes).unwrap_or(0));
+    // The length is read from disk: it sizes nothing until the chunks really add up to it.
+    let mut data = Vec::new();
     for chunk in tree.scan_prefix(generation_prefix(record.generation)) {
         let (_, chunk) = chunk?;
         data.extend_from_slice(&chunk);
+        if data.len() as u64 > expected_bytes {
+            break;
+        }
     }
     if data.len() as u64 != expected_bytes {
         return Err(StateStoreError::Chunks {
