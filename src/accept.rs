@@ -5,8 +5,10 @@
 //! itself, so a node that binds its own (to learn port 0's port first) sets them here. This
 //! module decides nothing about who may connect; TLS and the services do.
 
+use std::collections::HashMap;
 use std::future::Future;
 use std::io;
+use std::net::IpAddr;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -21,12 +23,17 @@ use tokio_stream::{Stream, StreamExt};
 use tonic::transport::server::{Connected, TcpConnectInfo};
 
 use crate::limits::{TCP_KEEPALIVE, TCP_KEEPALIVE_INTERVAL, TCP_KEEPALIVE_RETRIES};
+use crate::lock::lock;
 
 /// How a server treats its accepted connections.
 #[derive(Clone, Copy, Debug)]
 pub struct ConnectionLimits {
     /// Connections open at once; one more is closed as soon as it is accepted.
     pub connections_max: usize,
+    /// Connections open at once from one source address: a place under the cap is taken
+    /// before the TLS handshake, so without it one host with no certificate could hold
+    /// every place (in handshakes that time out and start again).
+    pub per_source_max: usize,
     /// A connection from which nothing was read for this long is closed.
     pub idle_timeout: Duration,
 }
@@ -38,24 +45,64 @@ pub fn incoming(
     limits: ConnectionLimits,
 ) -> impl Stream<Item = io::Result<Guarded>> {
     let open = Arc::new(Semaphore::new(limits.connections_max));
+    let sources: Sources = Arc::default();
     TcpListenerStream::new(listener).filter_map(move |accepted| {
         let stream = match accepted {
             Ok(stream) => stream,
             Err(e) => return Some(Err(e)),
         };
+        let source = stream.peer_addr().map(|addr| addr.ip()).ok()?;
+        let Some(place) = SourcePlace::take(&sources, source, limits.per_source_max) else {
+            metrics::counter!("ankusa_connections_refused_total").increment(1);
+            tracing::debug!(%source, max = limits.per_source_max, "connection refused: too many from one source");
+            return None;
+        };
         let Ok(permit) = Arc::clone(&open).try_acquire_owned() else {
             metrics::counter!("ankusa_connections_refused_total").increment(1);
-            tracing::debug!(
-                max = limits.connections_max,
-                "connection refused: too many open"
-            );
+            tracing::debug!(max = limits.connections_max, "connection refused: too many open");
             return None;
         };
         match configure(&stream) {
-            Ok(()) => Some(Ok(Guarded::new(stream, limits.idle_timeout, permit))),
+            Ok(()) => Some(Ok(Guarded::new(stream, limits.idle_timeout, (permit, place)))),
             Err(e) => Some(Err(e)),
         }
     })
+}
+
+/// Connections open per source address.
+type Sources = Arc<std::sync::Mutex<HashMap<IpAddr, usize>>>;
+
+/// One connection's count under its source address, given back when it closes.
+struct SourcePlace {
+    sources: Sources,
+    source: IpAddr,
+}
+
+impl SourcePlace {
+    fn take(sources: &Sources, source: IpAddr, max: usize) -> Option<Self> {
+        let mut counts = lock(sources);
+        let count = counts.entry(source).or_insert(0);
+        if *count >= max {
+            return None;
+        }
+        *count += 1;
+        Some(Self {
+            sources: Arc::clone(sources),
+            source,
+        })
+    }
+}
+
+impl Drop for SourcePlace {
+    fn drop(&mut self) {
+        let mut counts = lock(&self.sources);
+        if let Some(count) = counts.get_mut(&self.source) {
+            *count -= 1;
+            if *count == 0 {
+                counts.remove(&self.source);
+            }
+        }
+    }
 }
 
 /// Nagle off (small request/answer messages would otherwise wait for delayed ACKs, about
@@ -77,18 +124,22 @@ pub struct Guarded {
     /// When the idle timer fires next; pushed back lazily (reads only note their time).
     deadline: Pin<Box<Sleep>>,
     last_read: Instant,
-    _open: OwnedSemaphorePermit,
+    _places: (OwnedSemaphorePermit, SourcePlace),
 }
 
 impl Guarded {
-    fn new(stream: TcpStream, idle_timeout: Duration, open: OwnedSemaphorePermit) -> Self {
+    fn new(
+        stream: TcpStream,
+        idle_timeout: Duration,
+        places: (OwnedSemaphorePermit, SourcePlace),
+    ) -> Self {
         let now = Instant::now();
         Self {
             stream,
             idle_timeout,
             deadline: Box::pin(tokio::time::sleep_until(now + idle_timeout)),
             last_read: now,
-            _open: open,
+            _places: places,
         }
     }
 
@@ -196,6 +247,7 @@ mod tests {
     async fn a_connection_that_sends_nothing_is_closed_after_the_idle_timeout() {
         let limits = ConnectionLimits {
             connections_max: 4,
+            per_source_max: 4,
             idle_timeout: Duration::from_secs(2),
         };
         let (addr, mut accepted) = listen(limits).await;
@@ -214,10 +266,17 @@ mod tests {
 
     #[tokio::test]
     async fn connections_past_the_cap_are_closed_at_once() {
-        let limits = ConnectionLimits {
-            connections_max: 1,
-            idle_timeout: Duration::from_secs(600),
-        };
+        for (connections_max, per_source_max) in [(1, 8), (8, 1)] {
+            past_the_cap_closed_at_once(ConnectionLimits {
+                connections_max,
+                per_source_max,
+                idle_timeout: Duration::from_secs(600),
+            })
+            .await;
+        }
+    }
+
+    async fn past_the_cap_closed_at_once(limits: ConnectionLimits) {
         let (addr, mut accepted) = listen(limits).await;
         let _first = TcpStream::connect(addr).await.expect("connect");
         let held = accepted.recv().await.expect("first accepted");

@@ -295,4 +295,14 @@ fn disk_records_never_panic() {
             Ok(())
         })
         .unwrap_or_else(|e| panic!("snapshot: {e}"));
+    // The body behind a header that matches it (a sender that computed the checksum over
+    // its own garbage): the body decoder itself must refuse, not panic.
+    let body = bytes[snapshot::HEADER_LEN..].to_vec();
+    never_panics("snapshot body", body, |mutated| {
+        let mut resealed = bytes[..snapshot::HEADER_LEN].to_vec();
+        resealed[8..16].copy_from_slice(&(mutated.len() as u64).to_le_bytes());
+        resealed[16..20].copy_from_slice(&crc32fast::hash(mutated).to_le_bytes());
+        resealed.extend_from_slice(mutated);
+        snapshot::decode(&resealed).ok()
+    });
 }

@@ -55,6 +55,12 @@ pub const TCP_KEEPALIVE_RETRIES: u32 = 3;
 pub const API_CONNECTIONS_MAX: usize = 1024;
 pub const PEER_CONNECTIONS_MAX: usize = 128;
 
+/// Connections open at once on `raft_addr` from one source address. A place is taken when
+/// the TCP connection is accepted, before the TLS handshake proves anything; this keeps
+/// one host without a certificate from holding every place, so restarted and new members
+/// can still connect. A node needs one to each peer, plus `cluster` commands and forwards.
+pub const PEER_CONNECTIONS_PER_SOURCE_MAX: usize = 16;
+
 /// A connection from which nothing was read for this long is closed. An edge client that
 /// keeps a quiet `HitStream` open must send HTTP/2 keepalive pings (tonic's
 /// `keep_alive_while_idle`; off by default) or reopen the stream when it ends; a peer's

@@ -361,6 +361,7 @@ fn serve_peers(
     let router = builder.add_service(peer).add_service(admin);
     let connections = ConnectionLimits {
         connections_max: limits::PEER_CONNECTIONS_MAX,
+        per_source_max: limits::PEER_CONNECTIONS_PER_SOURCE_MAX,
         idle_timeout: limits::PEER_IDLE_TIMEOUT,
     };
     Ok(async move {
@@ -393,6 +394,8 @@ fn serve_api(
     let router = builder.add_service(health).add_service(fleet);
     let connections = ConnectionLimits {
         connections_max: limits::API_CONNECTIONS_MAX,
+        // The edge is on this host: every connection comes from one address.
+        per_source_max: limits::API_CONNECTIONS_MAX,
         idle_timeout: limits::API_IDLE_TIMEOUT,
     };
     Ok(async move {
