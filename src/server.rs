@@ -435,6 +435,9 @@ impl RunningNode {
 
     /// Stops serving, shuts Raft down and waits for the servers to finish.
     pub async fn shutdown(self) {
+        // Without a drain first, edge calls must still stop here: one decided after the
+        // journals' last sync below could be lost.
+        self.gate.begin();
         let _ = self.stop.send(true);
         if let Err(e) = self.node.raft().shutdown().await {
             tracing::warn!(error = %e, "raft shutdown");

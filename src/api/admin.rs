@@ -22,6 +22,29 @@ use crate::pb::internal::{
 use crate::raft::faults::{Fault, Faults};
 use crate::raft::MemberNode;
 
+/// Marks a call one node forwarded to the leader: it is not forwarded again (two nodes with
+/// crossed views of the leader, mid-election, would pass it back and forth).
+const FORWARDED_HEADER: &str = "x-ankusa-forwarded";
+
+fn was_forwarded<T>(request: &Request<T>) -> bool {
+    request.metadata().contains_key(FORWARDED_HEADER)
+}
+
+/// The request to send on to the leader, marked as forwarded; refused if it already was.
+fn forward_once<T>(forwarded: bool, message: T) -> Result<Request<T>, Status> {
+    if forwarded {
+        return Err(Status::unavailable(
+            "forwarded to a node that is not the leader either; retry once the fleet has elected one",
+        ));
+    }
+    let mut request = Request::new(message);
+    request.metadata_mut().insert(
+        FORWARDED_HEADER,
+        tonic::metadata::MetadataValue::from_static("1"),
+    );
+    Ok(request)
+}
+
 /// How long a forward to the leader may take to connect.
 const FORWARD_CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 
@@ -90,6 +113,7 @@ impl Admin for AdminService {
         &self,
         request: Request<AddMemberRequest>,
     ) -> Result<Response<AdminResponse>, Status> {
+        let forwarded = was_forwarded(&request);
         let add = request.into_inner();
         self.same_cluster(&add.cluster_id)?;
         if add.id == 0 {
@@ -109,6 +133,7 @@ impl Admin for AdminService {
         match self.node.add_member(add.id, member, add.voter).await {
             Ok(message) => Ok(Response::new(AdminResponse { message })),
             Err(NodeError::NotLeader { leader_raft_addr }) => {
+                let add = forward_once(forwarded, add)?;
                 self.leader_admin(leader_raft_addr)
                     .await?
                     .add_member(add)
@@ -122,11 +147,13 @@ impl Admin for AdminService {
         &self,
         request: Request<RemoveMemberRequest>,
     ) -> Result<Response<AdminResponse>, Status> {
+        let forwarded = was_forwarded(&request);
         let remove = request.into_inner();
         self.same_cluster(&remove.cluster_id)?;
         match self.node.remove_member(remove.id).await {
             Ok(message) => Ok(Response::new(AdminResponse { message })),
             Err(NodeError::NotLeader { leader_raft_addr }) => {
+                let remove = forward_once(forwarded, remove)?;
                 self.leader_admin(leader_raft_addr)
                     .await?
                     .remove_member(remove)

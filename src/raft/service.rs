@@ -179,8 +179,15 @@ impl PeerService {
                 bounded_vote("vote", &request.vote)?;
                 bounded_log_id("prev_log_id", request.prev_log_id.as_ref())?;
                 bounded_log_id("leader_commit", request.leader_commit.as_ref())?;
-                for (i, entry) in request.entries.iter().enumerate() {
-                    bounded_log_id(&format!("entries[{i}].log_id"), Some(&entry.log_id))?;
+                if let Some(i) = request
+                    .entries
+                    .iter()
+                    .position(|entry| bounded_log_id("", Some(&entry.log_id)).is_err())
+                {
+                    bounded_log_id(
+                        &format!("entries[{i}].log_id"),
+                        Some(&request.entries[i].log_id),
+                    )?;
                 }
                 seal(&self.raft.append_entries(request).await)
             }
@@ -194,6 +201,10 @@ impl PeerService {
                 let request: InstallSnapshotRequest<TypeConfig> = open(payload)?;
                 bounded_vote("vote", &request.vote)?;
                 bounded_log_id("meta.last_log_id", request.meta.last_log_id.as_ref())?;
+                bounded_log_id(
+                    "meta.last_membership.log_id",
+                    request.meta.last_membership.log_id().as_ref(),
+                )?;
                 lock(&self.intake)
                     .admit(
                         &request.meta.snapshot_id,
@@ -375,6 +386,25 @@ mod tests {
 
     fn a_snapshot() -> Vec<u8> {
         crate::snapshot::encode(&crate::snapshot::SnapshotBody::default()).expect("encode")
+    }
+
+    #[test]
+    fn terms_and_indexes_past_the_bound_are_refused_by_field() {
+        let past = TERM_OR_INDEX_MAX + 1;
+        let err = bounded_vote("vote", &openraft::Vote::new(past, 1)).expect_err("past");
+        assert!(err.message().starts_with("vote.term"), "{err:?}");
+        assert!(bounded_vote("vote", &openraft::Vote::new(TERM_OR_INDEX_MAX, 1)).is_ok());
+        let index = crate::raft::LogId::new(openraft::CommittedLeaderId::new(1, 1), u64::MAX);
+        let err = bounded_log_id("prev_log_id", Some(&index)).expect_err("past");
+        assert!(err.message().starts_with("prev_log_id.index"), "{err:?}");
+        assert_eq!(err.code(), tonic::Code::InvalidArgument);
+        let term = crate::raft::LogId::new(openraft::CommittedLeaderId::new(past, 1), 1);
+        let err = bounded_log_id("meta.last_log_id", Some(&term)).expect_err("past");
+        assert!(
+            err.message().starts_with("meta.last_log_id.term"),
+            "{err:?}"
+        );
+        assert!(bounded_log_id("leader_commit", None).is_ok());
     }
 
     #[test]
