@@ -364,14 +364,7 @@ fn serve_peers(
         per_source_max: limits::PEER_CONNECTIONS_PER_SOURCE_MAX,
         idle_timeout: limits::PEER_IDLE_TIMEOUT,
     };
-    Ok(async move {
-        let served = router
-            .serve_with_incoming_shutdown(incoming(listener, connections), until_stopped(stopped))
-            .await;
-        if let Err(e) = served {
-            tracing::error!(error = %e, "raft server stopped");
-        }
-    })
+    Ok(serve(router, listener, connections, stopped, "raft"))
 }
 
 /// `api_addr`: `Fleet` and health for the edge, TLS only under `[api_tls]`.
@@ -398,14 +391,24 @@ fn serve_api(
         per_source_max: limits::API_CONNECTIONS_MAX,
         idle_timeout: limits::API_IDLE_TIMEOUT,
     };
-    Ok(async move {
-        let served = router
-            .serve_with_incoming_shutdown(incoming(listener, connections), until_stopped(stopped))
-            .await;
-        if let Err(e) = served {
-            tracing::error!(error = %e, "api server stopped");
-        }
-    })
+    Ok(serve(router, listener, connections, stopped, "api"))
+}
+
+/// Serves `router` on the connections `listener` accepts within `connections`, until
+/// `stopped`.
+async fn serve(
+    router: tonic::transport::server::Router,
+    listener: TcpListener,
+    connections: ConnectionLimits,
+    stopped: watch::Receiver<bool>,
+    server: &'static str,
+) {
+    let served = router
+        .serve_with_incoming_shutdown(incoming(listener, connections), until_stopped(stopped))
+        .await;
+    if let Err(e) = served {
+        tracing::error!(error = %e, server, "server stopped");
+    }
 }
 
 impl RunningNode {
