@@ -17,7 +17,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use crate::codec;
-use crate::fallback::queue::QueuedSettle;
+use crate::local::settle_queue::QueuedSettle;
 use crate::raft::{Entry, LogId, NodeId, ProposeRequest, ProposeResponse, TypeConfig};
 use crate::snapshot::{self, SnapshotBody};
 use crate::state::{

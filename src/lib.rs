@@ -30,16 +30,19 @@ pub mod accept;
 pub mod api;
 pub mod bench;
 pub mod cli;
+pub mod clock;
 pub mod codec;
 pub mod config;
-pub mod fallback;
+pub mod contract;
 pub mod limits;
+pub mod local;
 pub mod lock;
 pub mod node;
 pub mod raft;
 pub mod server;
 pub mod snapshot;
 pub mod state;
+pub mod storage;
 pub mod tls;
 
 #[cfg(test)]

@@ -84,7 +84,8 @@ mod tests {
     use prost::Message;
 
     use super::*;
-    use crate::api::validate::{self, CHARGES_MAX, ID_BYTES_MAX, KEY_BYTES_MAX, YEAR_US};
+    use crate::api::validate;
+    use crate::contract::{CHARGES_MAX, ID_BYTES_MAX, KEY_BYTES_MAX, TTL_MS_MAX, YEAR_US};
     use crate::pb;
 
     #[test]
@@ -105,10 +106,10 @@ mod tests {
                 source_id: id.clone(),
                 key: "k".repeat(KEY_BYTES_MAX),
                 hook_id: id,
-                ttl_ms: validate::TTL_MS_MAX,
-                pending_ttl_ms: validate::TTL_MS_MAX,
+                ttl_ms: TTL_MS_MAX,
+                pending_ttl_ms: TTL_MS_MAX,
             }),
-            timeout_ms: crate::config::TIMEOUT_MS_MAX,
+            timeout_ms: crate::contract::TIMEOUT_MS_MAX,
             rate_limit_scope: pb::Scope::Fleet as i32,
             dedupe_scope: pb::Scope::Fleet as i32,
         };

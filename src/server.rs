@@ -19,20 +19,21 @@ use crate::api::drain::DrainGate;
 use crate::api::validate::RequestDefaults;
 use crate::api::FleetService;
 use crate::config::NodeConfig;
-use crate::fallback::Fallback;
-use crate::fallback::LocalEngine;
 use crate::limits;
+use crate::local::reconcile;
+use crate::local::Fallback;
+use crate::local::LocalEngine;
 use crate::node::propose::{BatchLimits, Proposer, Router};
-use crate::node::snapshots::{self, SnapshotPolicy};
-use crate::node::{reconcile, Node, NodeParts};
+use crate::node::{Node, NodeParts};
 use crate::pb;
 use crate::raft::faults::Faults;
 use crate::raft::log_store::LogStore;
 use crate::raft::network::PeerClients;
 use crate::raft::service::PeerService;
+use crate::raft::state_machine::StateMachineStore;
 use crate::raft::{MemberNode, Raft};
-use crate::state::sled_disk::SledDisk;
-use crate::state::store::StateMachineStore;
+use crate::snapshot::policy::{self, SnapshotPolicy};
+use crate::storage::sled_disk::SledDisk;
 use crate::tls::{ApiTls, PeerTls};
 /// sled's page cache (default 1 GiB): it holds the latest snapshot and the node-scope and
 /// fallback claim indexes, all read rarely; the live state is in memory already.
@@ -60,9 +61,9 @@ pub enum StartError {
     #[error("sled: {0}")]
     Sled(#[from] sled::Error),
     #[error("state machine: {0}")]
-    State(#[from] crate::state::store::StateStoreError),
+    State(#[from] crate::raft::state_machine::StateStoreError),
     #[error("node claim index: {0}")]
-    Local(#[from] crate::fallback::LocalError),
+    Local(#[from] crate::local::LocalError),
     #[error("raft config: {0}")]
     RaftConfig(#[from] openraft::ConfigError),
     #[error("raft: {0}")]
@@ -174,7 +175,7 @@ pub async fn start(config: NodeConfig, listeners: Listeners) -> Result<RunningNo
     let state = StateMachineStore::open(&disk, durable.clone())?;
     let snapshot_state = state.clone();
     let local = LocalEngine::open(
-        &config.data_dir.join(crate::fallback::NODE_SCOPE_JOURNAL),
+        &config.data_dir.join(crate::local::NODE_SCOPE_JOURNAL),
         config.node_id,
     )?;
     let peers = PeerClients::new(
@@ -255,7 +256,7 @@ pub async fn start(config: NodeConfig, listeners: Listeners) -> Result<RunningNo
             listeners.api,
             stopped.clone(),
         )?),
-        tokio::spawn(snapshots::run(
+        tokio::spawn(policy::run(
             raft.clone(),
             log_bytes,
             snapshot_state,

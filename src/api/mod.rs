@@ -12,9 +12,9 @@ use futures::{Stream, StreamExt};
 use tonic::{Request, Response, Status, Streaming};
 
 pub mod admin;
-pub mod codec;
 pub mod drain;
 pub mod validate;
+pub mod wire;
 
 use crate::node::{Decided, DecidedBy, Node, NodeError};
 use crate::pb;

@@ -1,29 +1,18 @@
-//! The input rules of SPEC section 9: protobuf request → validated node input, or an
+//! The input rules of contract §9: protobuf request → validated node input, or an
 //! [`InvalidArgument`] naming the first bad field. Nothing is written before this passes.
 
 use std::collections::HashSet;
 use std::time::Duration;
 
-use crate::config::TIMEOUT_MS_MAX;
+pub use crate::contract::{
+    CHARGES_MAX, ID_BYTES_MAX, KEY_BYTES_MAX, TIMEOUT_MS_MAX, TTL_MS_MAX, WINDOW_MS_MAX, YEAR_US,
+};
 use crate::node::request::{CheckRateInput, HitInput, ResetInput, Scope, SettleInput};
 use crate::pb;
 use crate::state::{
     BucketKey, Charge, ClaimKey, ClaimRequest, EntityId, HookId, Kind, SettleOutcome, SourceId,
     TenantId,
 };
-
-/// Longest tenant, source_id, hook_id, entity_id and operation, in bytes.
-pub const ID_BYTES_MAX: usize = 256;
-/// Longest claim key, in bytes.
-pub const KEY_BYTES_MAX: usize = 1024;
-/// Most charges in one hit.
-pub const CHARGES_MAX: usize = 16;
-/// Longest increment or capacity: one year (365 days).
-pub const YEAR_US: u64 = 365 * 86_400 * 1_000_000;
-/// Longest claim ttl: 30 days.
-pub const TTL_MS_MAX: u64 = 30 * 86_400 * 1_000;
-/// Longest check_rate window: one year.
-pub const WINDOW_MS_MAX: u64 = 365 * 86_400 * 1_000;
 
 /// A request field broke an input rule.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]

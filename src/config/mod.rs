@@ -138,8 +138,7 @@ pub const BATCH_COMMANDS_MAX_MAX: usize = 2_048;
 /// The longest a busy batch may be told to wait (`batch_linger_us`).
 pub const BATCH_LINGER_US_MAX: u64 = 100_000;
 
-/// The longest call deadline the API accepts (SPEC section 9).
-pub const TIMEOUT_MS_MAX: u32 = 60_000;
+pub use crate::contract::TIMEOUT_MS_MAX;
 
 /// A config that failed validation; the message names the key.
 #[derive(Debug, thiserror::Error)]
@@ -291,7 +290,7 @@ impl NodeConfig {
             return Err(invalid("timeout_ms_default", "must be between 1 and 60000"));
         }
         let claim_ttl_ms_default = file.claim_ttl_ms_default.unwrap_or(Defaults::CLAIM_TTL_MS);
-        if claim_ttl_ms_default == 0 || claim_ttl_ms_default > crate::api::validate::TTL_MS_MAX {
+        if claim_ttl_ms_default == 0 || claim_ttl_ms_default > crate::contract::TTL_MS_MAX {
             return Err(invalid(
                 "claim_ttl_ms_default",
                 "must be between 1 ms and 30 days",

@@ -12,16 +12,14 @@ use openraft::ChangeMembers;
 use tokio::time::Instant;
 
 pub mod propose;
-pub mod reconcile;
 pub mod request;
-pub mod snapshots;
 mod turns;
 
-use crate::fallback::queue::QueuedSettle;
-use crate::fallback::{Fallback, LocalEngine, LocalError, ReplicaView};
+use crate::local::settle_queue::QueuedSettle;
+use crate::local::{Fallback, LocalEngine, LocalError, ReplicaView};
 use crate::raft::log_store::DurableLog;
+use crate::raft::state_machine::{self, StateMachineStore};
 use crate::raft::{MemberNode, NodeId, ProposeRefusal, Raft};
-use crate::state::store::{self, StateMachineStore};
 use crate::state::{Answer, Charge, ClaimRequest, ClaimState, Command, HitAnswer, SettleAnswer};
 use propose::Proposer;
 use request::{CheckRateInput, HitInput, ResetInput, Scope, SettleInput};
@@ -540,7 +538,7 @@ impl Node {
             leader_id: metrics.current_leader,
             term: metrics.current_term,
             last_applied: metrics.last_applied.map_or(0, |log_id| log_id.index),
-            members: store::members(&metrics.membership_config),
+            members: state_machine::members(&metrics.membership_config),
         }
     }
 

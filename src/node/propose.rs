@@ -27,7 +27,7 @@ use openraft::error::{ClientWriteError, RaftError};
 use tokio::sync::{mpsc, oneshot, Semaphore};
 use tokio::time::Instant;
 
-use crate::fallback::wall_clock_us;
+use crate::clock::wall_clock_us;
 use crate::raft::network::PeerClients;
 use crate::raft::{NodeId, ProposeRefusal, ProposeRequest, ProposeResponse, Raft};
 use crate::state::{Answer, Command, FleetRequest};

@@ -25,11 +25,10 @@
 //! Entries used to live in a redb table too (the `log` table); a store that still has rows
 //! there moves them into the WAL when it opens. docs/storage.md has the measured reasons.
 
-mod durable;
 mod wal;
 mod writer;
 
-pub use durable::{DurableLog, NotDurable};
+pub use crate::raft::durability::{DurableLog, NotDurable};
 
 use std::fmt::Debug;
 use std::io;
@@ -148,7 +147,7 @@ pub struct LogStore {
     /// The vote as last saved (or read at start-up).
     vote: Arc<std::sync::Mutex<Option<Vote<NodeId>>>>,
     /// How far the WAL is fsynced; moved by the writer.
-    mark: durable::DurableMark,
+    mark: crate::raft::durability::DurableMark,
 }
 
 /// Reads how many bytes of a node's log lie after an index (cheap to clone).
@@ -213,7 +212,7 @@ impl LogStore {
         let wal = wal::Wal::open(&path.with_extension("wal"), purged_upto, segment_bytes)?;
         let disk = Disk { db, wal };
         move_legacy_entries(&disk)?;
-        let mark = durable::DurableMark::new(log_state(&disk)?.last_log_id);
+        let mark = crate::raft::durability::DurableMark::new(log_state(&disk)?.last_log_id);
         let disk = Arc::new(disk);
         let tail = Arc::new(std::sync::Mutex::new(writer::Tail::new(purged_upto)));
         let writer =

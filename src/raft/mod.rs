@@ -11,10 +11,12 @@ use serde::{Deserialize, Serialize};
 
 use crate::state::{FleetRequest, FleetResponse};
 
+pub mod durability;
 pub mod faults;
 pub mod log_store;
 pub mod network;
 pub mod service;
+pub mod state_machine;
 
 /// What openraft stores per member: where to reach it.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]

@@ -14,12 +14,12 @@ use serde::Serialize;
 
 use crate::raft::{SnapshotMeta, StoredMembership};
 use crate::snapshot;
-use crate::state::sled_disk::SledDisk;
-use crate::state::store::chunks;
+use crate::snapshot::store as chunks;
 use crate::state::{
     rules, BucketKey, Charge, ClaimKey, ClaimRequest, Command, FleetState, HookId, Kind, SourceId,
     TenantId,
 };
+use crate::storage::sled_disk::SledDisk;
 
 /// What to measure.
 #[derive(Clone, Debug, clap::Args)]
@@ -135,7 +135,7 @@ pub fn run(plan: &SnapshotBenchPlan) -> anyhow::Result<SnapshotBenchSummary> {
     let _scratch = RemovedOnDrop(dir.clone());
     let db = SledDisk::open(&dir, 64 << 20)
         .with_context(|| format!("opening a scratch sled database in {}", dir.display()))?;
-    let tree = db.db().open_tree(crate::state::store::SNAPSHOT_TREE)?;
+    let tree = db.db().open_tree(crate::snapshot::store::SNAPSHOT_TREE)?;
     let membership = StoredMembership::default();
     let mut rounds = Vec::with_capacity(plan.rounds);
     for round in 0..plan.rounds {

@@ -6,6 +6,8 @@
 //! hot path and storing them in sled is `state::store`'s job.
 
 pub mod bench;
+pub mod policy;
+pub mod store;
 
 use serde::{Deserialize, Serialize};
 

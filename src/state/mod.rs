@@ -7,8 +7,6 @@
 pub mod model;
 pub mod rules;
 mod shards;
-pub mod sled_disk;
-pub mod store;
 
 pub use model::*;
 pub use rules::{FleetState, LiveImage, StateImage};

@@ -21,8 +21,8 @@ use std::sync::mpsc;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 
-use super::durable::DurableMark;
 use super::{Disk, LogStoreError, Result};
+use crate::raft::durability::DurableMark;
 use crate::raft::faults::Faults;
 use crate::raft::{Entry, LogId};
 

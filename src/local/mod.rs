@@ -4,17 +4,18 @@
 //!
 //! Two engines use this: node scope (SPEC section 8, journal `node-claims.journal`) and the
 //! local fallback when the fleet does not answer in time (SPEC section 7, journal
-//! `fallback-claims.journal`, seeded from the fleet replica, plus the [`queue::SettleQueue`] and
+//! `fallback-claims.journal`, seeded from the fleet replica, plus the [`settle_queue::SettleQueue`] and
 //! the [`ChargeLedger`] that reconciliation hands to the fleet later).
 //!
 //! Never proposes anything to the fleet itself.
 
 pub mod journal;
-pub mod queue;
+pub mod reconcile;
+pub mod settle_queue;
 
+use crate::clock::wall_clock_us;
 use std::path::Path;
 use std::sync::{Mutex, MutexGuard};
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use crate::codec;
 use crate::state::rules::{self, FleetState};
@@ -40,14 +41,6 @@ pub enum LocalError {
     Codec(#[from] codec::CodecError),
     #[error("settle queue (sled tree `settle_queue` in the data dir's state.sled), record {seq}: {source}")]
     Record { seq: u64, source: codec::CodecError },
-}
-
-/// Microseconds since the Unix epoch on this node's wall clock.
-pub fn wall_clock_us() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
-        .unwrap_or(0)
 }
 
 /// Node-local buckets (memory only) and claims (also on disk), in one rules state.
@@ -269,7 +262,7 @@ impl LocalEngine {
 /// the settle queue and the ledger of charges granted locally.
 pub struct Fallback {
     pub engine: LocalEngine,
-    pub queue: queue::SettleQueue,
+    pub queue: settle_queue::SettleQueue,
     pub ledger: ChargeLedger,
     pub budget: crate::config::FallbackBudget,
 }
@@ -281,13 +274,13 @@ impl Fallback {
     /// When the journal or sled fails, or a stored record does not decode.
     pub fn open(
         data_dir: &Path,
-        disk: &crate::state::sled_disk::SledDisk,
+        disk: &crate::storage::sled_disk::SledDisk,
         node_id: NodeId,
         budget: crate::config::FallbackBudget,
     ) -> Result<Self, LocalError> {
         Ok(Self {
             engine: LocalEngine::open(&data_dir.join(FALLBACK_JOURNAL), node_id)?,
-            queue: queue::SettleQueue::open(disk)?,
+            queue: settle_queue::SettleQueue::open(disk)?,
             ledger: ChargeLedger::default(),
             budget,
         })

@@ -3,7 +3,7 @@
 //!
 //! Applying never reads a clock (the entry carries the leader's time). A snapshot is the
 //! point-in-time state encoded from a frozen copy (no copy of the state), then written to
-//! sled in chunks (`chunks`); installing a snapshot replaces the state, it never merges into
+//! sled in chunks ([`crate::snapshot::store`]); installing a snapshot replaces the state, it never merges into
 //! it.
 
 use std::io::Cursor;
@@ -12,43 +12,19 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use openraft::storage::RaftStateMachine;
 use openraft::{EntryPayload, RaftSnapshotBuilder, StorageIOError};
-use serde::{Deserialize, Serialize};
 
-use super::model::FleetResponse;
-use super::rules::{self, FleetState};
-use super::sled_disk::SledDisk;
-use crate::codec;
 use crate::raft::log_store::DurableLog;
 use crate::raft::{
     Entry, LogId, MemberNode, NodeId, Snapshot, SnapshotMeta, StorageError, StoredMembership,
     TypeConfig,
 };
+use crate::snapshot::store::{self as chunks, StoredSnapshot, SNAPSHOT_TREE};
 use crate::snapshot::{self, SnapshotBody};
+use crate::state::rules;
+use crate::state::{FleetResponse, FleetState};
+use crate::storage::sled_disk::SledDisk;
 
-pub(crate) mod chunks;
-
-/// The sled tree holding the latest snapshot (laid out by [`chunks`]).
-pub(crate) const SNAPSHOT_TREE: &str = "snapshots";
-
-/// The state machine could not be opened.
-#[derive(Debug, thiserror::Error)]
-pub enum StateStoreError {
-    #[error("sled: {0}")]
-    Sled(#[from] sled::Error),
-    #[error("syncing sled to the disk: {0}")]
-    Sync(#[from] std::io::Error),
-    #[error("stored snapshot is unreadable: {0}")]
-    Snapshot(#[from] snapshot::SnapshotFormatError),
-    #[error("stored snapshot metadata is unreadable: {0}")]
-    Meta(#[from] codec::CodecError),
-    #[error(
-        "stored snapshot has {found_bytes} bytes in its chunks, its record says {expected_bytes}"
-    )]
-    Chunks {
-        expected_bytes: u64,
-        found_bytes: u64,
-    },
-}
+pub use crate::snapshot::store::StateStoreError;
 
 /// What the state machine has applied.
 #[derive(Debug, Default)]
@@ -56,17 +32,6 @@ pub struct Applied {
     pub state: FleetState,
     pub last_applied: Option<LogId>,
     pub membership: StoredMembership,
-}
-
-/// The latest snapshot: metadata plus the encoded (checksummed) body. (An older build
-/// stored it in sled as this one value; see [`chunks`].)
-#[derive(Serialize, Deserialize)]
-pub(crate) struct StoredSnapshot {
-    meta: SnapshotMeta,
-    /// Encoded as one byte string (the same bytes a `Vec<u8>` sequence encodes to, written
-    /// and read as one copy instead of element by element).
-    #[serde(with = "serde_bytes")]
-    pub(crate) data: Vec<u8>,
 }
 
 struct Inner {
@@ -355,13 +320,6 @@ pub fn members(membership: &StoredMembership) -> Vec<(NodeId, MemberNode, bool)>
 mod tests {
     use super::*;
 
-    /// How a stored snapshot was laid out before its bytes were written as one string.
-    #[derive(Serialize)]
-    struct StoredSnapshotAsSequence {
-        meta: SnapshotMeta,
-        data: Vec<u8>,
-    }
-
     /// An entry is applied only once this node's log holds it durably: before the log has
     /// it, `apply` stays pending; once it is appended and fsynced, it applies.
     #[tokio::test]
@@ -391,30 +349,6 @@ mod tests {
             .expect("append");
         apply.await.expect("applied once durable");
         assert_eq!(state.lock().last_applied, Some(entry.log_id));
-    }
-
-    #[test]
-    fn stored_snapshot_bytes_read_back_the_same_as_a_byte_sequence() {
-        let meta = SnapshotMeta {
-            last_log_id: None,
-            last_membership: StoredMembership::default(),
-            snapshot_id: "1-7-0".to_owned(),
-        };
-        let data: Vec<u8> = (0..=255u8).cycle().take(1_000).collect();
-        let as_sequence = codec::encode(&StoredSnapshotAsSequence {
-            meta: meta.clone(),
-            data: data.clone(),
-        })
-        .expect("encode");
-        let as_bytes = codec::encode(&StoredSnapshot {
-            meta: meta.clone(),
-            data: data.clone(),
-        })
-        .expect("encode");
-        assert_eq!(as_sequence, as_bytes, "same bytes on disk");
-        let read: StoredSnapshot = codec::decode(&as_sequence).expect("decode");
-        assert_eq!(read.meta, meta);
-        assert_eq!(read.data, data);
     }
 
     /// A build that finishes after a newer snapshot was installed does not replace it: the

@@ -2,29 +2,51 @@
 //! length) under [`CURRENT_KEY`] and the encoded bytes in [`CHUNK_BYTES`] pieces under
 //! [`chunk_key`].
 //!
-//! Stored as one value, an 82 MB snapshot was copied twice on its way in (into a
-//! `StoredSnapshot` encoding, then into sled's own buffer) while the encoded bytes were still
-//! held: the node's peak memory was its state plus three snapshots. In chunks, sled copies
-//! one megabyte at a time.
+//! In chunks, sled copies one megabyte at a time on the way in, never the whole snapshot
+//! (docs/decisions has the measurement).
 //!
 //! A write puts the new generation's chunks first and the record last: sled recovers a
 //! prefix of its writes after a crash, so the record never names chunks that are not there.
-//! Chunks of any other generation are leftovers and are removed. An older build kept the
-//! meta and bytes as one value under [`LEGACY_KEY`]; it is read when no record exists and
-//! removed by the next write.
+//! Chunks of any other generation are leftovers and are removed.
 
 use serde::{Deserialize, Serialize};
 
-use super::{StateStoreError, StoredSnapshot};
 use crate::codec;
 use crate::raft::SnapshotMeta;
-use crate::state::sled_disk::SledDisk;
+use crate::storage::sled_disk::SledDisk;
+
+/// The sled tree holding the latest snapshot (laid out by this module).
+pub(crate) const SNAPSHOT_TREE: &str = "snapshots";
+
+/// The state machine could not be opened.
+#[derive(Debug, thiserror::Error)]
+pub enum StateStoreError {
+    #[error("sled: {0}")]
+    Sled(#[from] sled::Error),
+    #[error("syncing sled to the disk: {0}")]
+    Sync(#[from] std::io::Error),
+    #[error("stored snapshot is unreadable: {0}")]
+    Snapshot(#[from] crate::snapshot::SnapshotFormatError),
+    #[error("stored snapshot metadata is unreadable: {0}")]
+    Meta(#[from] codec::CodecError),
+    #[error(
+        "stored snapshot has {found_bytes} bytes in its chunks, its record says {expected_bytes}"
+    )]
+    Chunks {
+        expected_bytes: u64,
+        found_bytes: u64,
+    },
+}
+
+/// The latest snapshot: metadata plus the encoded (checksummed) body.
+pub(crate) struct StoredSnapshot {
+    pub(crate) meta: SnapshotMeta,
+    pub(crate) data: Vec<u8>,
+}
 
 /// The record naming the current snapshot.
 const CURRENT_KEY: &[u8] = b"current-chunked";
-/// Where an older build kept the whole snapshot as one value.
-pub(super) const LEGACY_KEY: &[u8] = b"current";
-/// Every chunk key starts with this (it is not a prefix of either key above).
+/// Every chunk key starts with this (not a prefix of the record's key).
 const CHUNK_PREFIX: &[u8] = b"chunk/";
 /// Bytes per chunk.
 const CHUNK_BYTES: usize = 1 << 20;
@@ -64,10 +86,7 @@ fn read_record(tree: &sled::Tree) -> Result<Option<CurrentRecord>, StateStoreErr
 /// When sled fails, the record does not decode, or the chunks do not add up to its length.
 pub(crate) fn read(tree: &sled::Tree) -> Result<Option<StoredSnapshot>, StateStoreError> {
     let Some(record) = read_record(tree)? else {
-        return match tree.get(LEGACY_KEY)? {
-            Some(bytes) => Ok(Some(codec::decode(&bytes)?)),
-            None => Ok(None),
-        };
+        return Ok(None);
     };
     let expected_bytes = record.len_bytes;
     // The length is read from disk: it sizes nothing until the chunks really add up to it.
@@ -122,7 +141,6 @@ pub(crate) fn write(
         len_bytes: data.len() as u64,
     };
     tree.insert(CURRENT_KEY, codec::encode(&record)?)?;
-    tree.remove(LEGACY_KEY)?;
     disk.flush_to_disk()?;
     remove_chunks_except(tree, Some(generation))?;
     Ok(true)
@@ -180,25 +198,6 @@ mod tests {
         let stored = read(&tree).expect("read").expect("a snapshot");
         assert_eq!(stored.meta.snapshot_id, "b");
         assert_eq!(stored.data, b"small");
-    }
-
-    #[test]
-    fn an_older_builds_single_value_is_read_then_replaced() {
-        let (_dir, db, tree) = open();
-        let legacy = StoredSnapshot {
-            meta: meta("old"),
-            data: b"old bytes".to_vec(),
-        };
-        tree.insert(LEGACY_KEY, codec::encode(&legacy).expect("encode"))
-            .expect("insert");
-        let stored = read(&tree).expect("read").expect("a snapshot");
-        assert_eq!(stored.meta.snapshot_id, "old");
-        assert_eq!(stored.data, b"old bytes");
-
-        write(&tree, &db, &meta("new"), b"new bytes").expect("write");
-        assert!(tree.get(LEGACY_KEY).expect("get").is_none());
-        let stored = read(&tree).expect("read").expect("a snapshot");
-        assert_eq!(stored.data, b"new bytes");
     }
 
     #[test]

@@ -25,11 +25,11 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use super::{Node, NodeError};
-use crate::fallback::wall_clock_us;
+use crate::clock::wall_clock_us;
+use crate::node::{Node, NodeError};
 use std::collections::HashSet;
 
-use crate::fallback::queue::QueuedSettle;
+use crate::local::settle_queue::QueuedSettle;
 use crate::state::{Answer, ClaimRequest, Command, HitAnswer, SettleAnswer, SettleOutcome};
 
 /// How often the reconciler looks for local decisions to hand over.

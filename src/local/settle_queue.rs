@@ -9,8 +9,8 @@ use serde::{Deserialize, Serialize};
 
 use super::LocalError;
 use crate::codec;
-use crate::state::sled_disk::SledDisk;
 use crate::state::{ClaimKey, HookId, SettleOutcome};
+use crate::storage::sled_disk::SledDisk;
 
 /// The sled tree of queued settles.
 const QUEUE_TREE: &str = "settle_queue";

@@ -19,8 +19,8 @@ use tokio::sync::watch;
 use tokio::time::MissedTickBehavior;
 
 use crate::raft::log_store::LogBytes;
+use crate::raft::state_machine::StateMachineStore;
 use crate::raft::Raft;
-use crate::state::store::StateMachineStore;
 
 /// How often a node checks whether a snapshot is due.
 pub const CHECK_EVERY: Duration = Duration::from_millis(100);

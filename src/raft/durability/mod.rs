@@ -26,13 +26,13 @@ enum Mark {
 
 /// Moves the mark: held by the log store and its writer thread.
 #[derive(Clone)]
-pub(super) struct DurableMark {
+pub(crate) struct DurableMark {
     sender: Arc<watch::Sender<Mark>>,
 }
 
 impl DurableMark {
     /// A mark at `last` (the log as it was found on disk).
-    pub(super) fn new(last: Option<LogId>) -> Self {
+    pub(crate) fn new(last: Option<LogId>) -> Self {
         let (sender, _) = watch::channel(Mark::Upto(last));
         Self {
             sender: Arc::new(sender),
@@ -41,7 +41,7 @@ impl DurableMark {
 
     /// Everything up to `last` is durable now (after an append, or a truncation that cut
     /// the log back to `last`). A failed mark stays failed.
-    pub(super) fn set(&self, last: Option<LogId>) {
+    pub(crate) fn set(&self, last: Option<LogId>) {
         self.sender.send_if_modified(|mark| match mark {
             Mark::Upto(current) if *current != last => {
                 *current = last;
@@ -53,7 +53,7 @@ impl DurableMark {
 
     /// Moves the mark up to `last` if it is below `index` (the log was purged past it: a
     /// snapshot replaced what the log held). A failed mark stays failed.
-    pub(super) fn raise_to(&self, index: u64, last: Option<LogId>) {
+    pub(crate) fn raise_to(&self, index: u64, last: Option<LogId>) {
         self.sender.send_if_modified(|mark| match mark {
             Mark::Upto(current) if current.is_none_or(|current| current.index < index) => {
                 *current = last;
@@ -64,12 +64,12 @@ impl DurableMark {
     }
 
     /// A write failed: every wait from now on fails with `reason`.
-    pub(super) fn fail(&self, reason: &str) {
+    pub(crate) fn fail(&self, reason: &str) {
         self.sender.send_replace(Mark::Failed(Arc::from(reason)));
     }
 
     /// A read side for the state machine and the peer traffic.
-    pub(super) fn reader(&self) -> DurableLog {
+    pub(crate) fn reader(&self) -> DurableLog {
         DurableLog {
             mark: self.sender.subscribe(),
         }
