@@ -18,7 +18,8 @@ use std::path::Path;
 use std::sync::{Mutex, MutexGuard};
 
 use crate::codec;
-use crate::state::rules::{self, FleetState};
+use crate::state::rules;
+use crate::state::FleetState;
 use crate::state::{
     Answer, Charge, ClaimKey, ClaimRecord, ClaimRequest, Command, HitAnswer, NodeId, StateImage,
 };

@@ -1,12 +1,16 @@
-//! The replicated state machine: the pure rules ([`rules`]), their vocabulary ([`model`])
-//! and the openraft state-machine store that applies log entries and snapshots into sled
-//! ([`store`]).
+//! The replicated state machine, pure: its vocabulary ([`model`]), the container of
+//! buckets and claims with its expiry ([`FleetState`], in `fleet` and `shards`), and the
+//! rules that apply commands to it ([`rules`]).
 //!
-//! [`rules`] and [`model`] never import tokio, tonic or sled: they are testable alone.
+//! Nothing under `state/` does IO, reads a clock or imports raft, openraft, tokio, tonic
+//! or sled: openraft's state-machine store is `raft::state_machine`, snapshots are in
+//! `snapshot`. So every rule is testable alone, and every replica that applies the same
+//! entries reaches the same state.
 
+mod fleet;
 pub mod model;
 pub mod rules;
 mod shards;
 
+pub use fleet::{FleetState, LiveImage, StateImage};
 pub use model::*;
-pub use rules::{FleetState, LiveImage, StateImage};

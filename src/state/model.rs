@@ -5,6 +5,9 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
+/// Microseconds in a millisecond.
+pub const US_PER_MS: u64 = 1_000;
+
 /// A Raft node id (also the `node` recorded on a claim).
 pub type NodeId = u64;
 

@@ -173,26 +173,3 @@ fn a_batch_answers_each_command_in_order_at_one_instant() {
         ]
     );
 }
-
-#[test]
-fn the_expiry_queue_pops_the_soonest_deadline_first_whatever_the_item() {
-    use super::super::{Due, Expiring, ExpiryQueue};
-    use std::sync::Arc;
-    let claim = |key: &str| {
-        Expiring::Claim(Arc::new(ClaimKey {
-            tenant: TenantId::from("t"),
-            source_id: SourceId::from("s"),
-            key: key.into(),
-        }))
-    };
-    let mut queue = ExpiryQueue::default();
-    for (deadline_us, key) in [(30, "a"), (10, "z"), (20, "m"), (10, "b")] {
-        queue.push(Due {
-            deadline_us,
-            hash: 0,
-            item: claim(key),
-        });
-    }
-    let order: Vec<u64> = std::iter::from_fn(|| queue.pop().map(|due| due.deadline_us)).collect();
-    assert_eq!(order, vec![10, 10, 20, 30]);
-}

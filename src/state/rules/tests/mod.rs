@@ -3,11 +3,12 @@
 //!
 //! Shared helpers live here; each contract section has its own file below.
 
-use super::{apply_batch, gcra, FleetState, StateImage};
+use super::{apply_batch, gcra};
 use crate::state::model::{
     Answer, BucketKey, Charge, ClaimKey, ClaimRecord, ClaimRequest, ClaimState, Command, EntityId,
     HitAnswer, HookId, Kind, NodeId, SettleAnswer, SettleOutcome, SourceId, TenantId,
 };
+use crate::state::{FleetState, StateImage};
 
 mod claims;
 mod expiry;
