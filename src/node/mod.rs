@@ -5,14 +5,12 @@
 //! It never names tonic or sled: the transport lives in `raft::network`/`api`, storage in
 //! `raft::log_store`/`state::store`/`fallback`.
 
-use std::collections::BTreeSet;
-
-use openraft::error::{ClientWriteError, RaftError};
-use openraft::ChangeMembers;
 use tokio::time::Instant;
 
+mod membership;
 pub mod propose;
 pub mod request;
+pub mod route;
 mod turns;
 
 use crate::local::settle_queue::QueuedSettle;
@@ -23,6 +21,7 @@ use crate::raft::{MemberNode, NodeId, ProposeRefusal, Raft};
 use crate::state::{Answer, Charge, ClaimRequest, ClaimState, Command, HitAnswer, SettleAnswer};
 use propose::Proposer;
 use request::{CheckRateInput, HitInput, ResetInput, Scope, SettleInput};
+use route::Route;
 
 /// Who decided an answer (SPEC section 5, last paragraph).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -189,84 +188,76 @@ impl Node {
         }
     }
 
-    /// SPEC section 5, routed by the two scopes.
+    /// Contract §5, decided where [`route::route`] says.
     ///
     /// # Errors
     /// When the fleet could not answer in time, or the local claim index failed.
     pub async fn hit(&self, input: HitInput) -> Result<Decided<HitAnswer>, NodeError> {
         let deadline = Instant::now() + input.timeout;
-        let charges_on_fleet = input.rate_limit_scope == Scope::Fleet;
-        let claim_on_fleet = input.dedupe_scope == Scope::Fleet;
-        let has_charges = !input.charges.is_empty();
-        let has_claim = input.claim.is_some();
-        // A part that is absent does not constrain the route; an empty hit follows its scopes.
-        let all_fleet = if has_charges || has_claim {
-            (!has_charges || charges_on_fleet) && (!has_claim || claim_on_fleet)
-        } else {
-            charges_on_fleet || claim_on_fleet
-        };
-        let all_node =
-            !all_fleet && (!has_charges || !charges_on_fleet) && (!has_claim || !claim_on_fleet);
-        if all_node {
-            return Ok(Decided::node_scope(
+        match route::route(&input) {
+            Route::NodeOnly => Ok(Decided::node_scope(
                 self.local.hit(&input.charges, input.claim.as_ref())?,
-            ));
-        }
-        if all_fleet {
-            let command = Command::Hit {
-                charges: input.charges.clone(),
-                claim: input.claim.clone(),
-                node: self.id,
-            };
-            return match self.propose_hit(command, deadline).await {
-                Err(e) if e.fleet_unavailable() => {
-                    self.fallback_hit(&input.charges, input.claim.as_ref(), &e)
+            )),
+            Route::FleetOnly => {
+                let command = Command::Hit {
+                    charges: input.charges.clone(),
+                    claim: input.claim.clone(),
+                    node: self.id,
+                };
+                match self.propose_hit(command, deadline).await {
+                    Err(e) if e.fleet_unavailable() => {
+                        self.fallback_hit(&input.charges, input.claim.as_ref(), &e)
+                    }
+                    other => other.map(Decided::fleet),
                 }
-                other => other.map(Decided::fleet),
-            };
-        }
-        if charges_on_fleet {
-            self.hit_fleet_charges_node_claim(input, deadline).await
-        } else {
-            self.hit_node_charges_fleet_claim(input, deadline).await
+            }
+            mixed @ Route::FleetChargesNodeClaim(claim) => {
+                let (answer, fleet_missed) = self
+                    .hit_fleet_charges_node_claim(&input.charges, claim, deadline)
+                    .await?;
+                Ok(mixed_decision(answer, &mixed, fleet_missed))
+            }
+            mixed @ Route::NodeChargesFleetClaim(claim) => {
+                let (answer, fleet_missed) = self
+                    .hit_node_charges_fleet_claim(&input.charges, claim, deadline)
+                    .await?;
+                Ok(mixed_decision(answer, &mixed, fleet_missed))
+            }
         }
     }
 
-    /// Fleet charges, node claim: charges are checked first (SPEC order), the claim is taken
-    /// on this node only after the fleet spent the charges. Hits for the same key take
+    /// Fleet charges, node claim: charges are checked first (contract order), the claim is
+    /// taken on this node only after the fleet spent the charges. Hits for the same key take
     /// turns through all of it, so two cannot both see the claim free and both spend
-    /// (SPEC section 5: one atomic decision); a turn not had by the deadline is not waited
-    /// for, and the fleet part is then decided locally like any fleet that did not answer.
+    /// (contract §5: one atomic decision); a turn not had by the deadline is not waited
+    /// for, and the fleet part is then decided locally like any fleet that did not answer
+    /// (the answer's second half says why).
     async fn hit_fleet_charges_node_claim(
         &self,
-        input: HitInput,
+        charges: &[Charge],
+        claim: &ClaimRequest,
         deadline: Instant,
-    ) -> Result<Decided<HitAnswer>, NodeError> {
-        let Some(claim) = input.claim.as_ref() else {
-            return Err(NodeError::Fatal {
-                reason: "mixed-scope hit without a claim".to_owned(),
-            });
-        };
+    ) -> Result<(HitAnswer, Option<String>), NodeError> {
         let _turn = tokio::time::timeout_at(deadline, self.claim_turns.take(&claim.key))
             .await
             .ok();
         let blocked = self.local.peek_claim(claim);
         let command = match blocked {
             Some(_) => Command::ProbeCharges {
-                charges: input.charges.clone(),
+                charges: charges.to_vec(),
             },
             None => Command::Hit {
-                charges: input.charges.clone(),
+                charges: charges.to_vec(),
                 claim: None,
                 node: self.id,
             },
         };
-        let (charged, decided_by) = match self.propose_hit(command, deadline).await {
-            Ok(answer) => (answer, DecidedBy::Fleet),
+        let (charged, fleet_missed) = match self.propose_hit(command, deadline).await {
+            Ok(answer) => (answer, None),
             Err(e) if e.fleet_unavailable() => {
                 let reason = self.local_reason(&e);
-                let answer = self.fallback_charges(&input.charges, blocked.is_none())?;
-                (answer, DecidedBy::Local { reason })
+                let answer = self.fallback_charges(charges, blocked.is_none())?;
+                (answer, Some(reason))
             }
             Err(e) => return Err(e),
         };
@@ -275,7 +266,7 @@ impl Node {
             (HitAnswer::Allowed, None) => self.local.hit(&[], Some(claim))?,
             (denied, _) => denied,
         };
-        Ok(Decided { answer, decided_by })
+        Ok((answer, fleet_missed))
     }
 
     /// Node charges, fleet claim: the node charges are spent first (evaluated and spent in
@@ -283,17 +274,14 @@ impl Node {
     /// claim is taken by the fleet (or by the local fallback when the fleet did not answer);
     /// a claim that is not `allowed` gives the charges back. A retry of a hook the fleet
     /// already holds pending for it (this node's replica says so) is not charged again
-    /// (SPEC section 5).
+    /// (contract §5). The answer's second half says why the fleet part was decided
+    /// locally, when it was.
     async fn hit_node_charges_fleet_claim(
         &self,
-        input: HitInput,
+        charges: &[Charge],
+        claim: &ClaimRequest,
         deadline: Instant,
-    ) -> Result<Decided<HitAnswer>, NodeError> {
-        let Some(claim) = input.claim.as_ref() else {
-            return Err(NodeError::Fatal {
-                reason: "mixed-scope hit without a claim".to_owned(),
-            });
-        };
+    ) -> Result<(HitAnswer, Option<String>), NodeError> {
         let retry = self
             .state
             .lock()
@@ -302,26 +290,29 @@ impl Node {
             .is_some_and(|record| {
                 record.state == ClaimState::Pending && record.hook_id == claim.hook_id
             });
-        let charges = if retry {
-            self.local.probe(&input.charges)
+        let charged = if retry {
+            self.local.probe(charges)
         } else {
-            self.local.hit(&input.charges, None)?
+            self.local.hit(charges, None)?
         };
-        if let denied @ HitAnswer::RateLimited { .. } = charges {
-            return Ok(Decided::node_scope(denied));
+        if let denied @ HitAnswer::RateLimited { .. } = charged {
+            return Ok((denied, None));
         }
-        let spent: &[Charge] = if retry { &[] } else { &input.charges };
+        let spent: &[Charge] = if retry { &[] } else { charges };
         let take = Command::Hit {
             charges: Vec::new(),
             claim: Some(claim.clone()),
             node: self.id,
         };
         let decided = match self.propose_hit(take, deadline).await {
-            Ok(answer) => Ok(Decided::fleet(answer)),
-            Err(e) if e.fleet_unavailable() => self.fallback_hit(&[], Some(claim), &e),
+            Ok(answer) => Ok((answer, None)),
+            Err(e) if e.fleet_unavailable() => {
+                let local = self.fallback_hit(&[], Some(claim), &e)?;
+                Ok((local.answer, Some(self.local_reason(&e))))
+            }
             Err(e) => Err(e),
         };
-        if !matches!(&decided, Ok(d) if d.answer == HitAnswer::Allowed) {
+        if !matches!(&decided, Ok((answer, _)) if *answer == HitAnswer::Allowed) {
             self.local.refund(spent);
         }
         decided
@@ -335,7 +326,7 @@ impl Node {
         let deadline = Instant::now() + input.timeout;
         let command = Command::Settle {
             key: input.key.clone(),
-            hook_id: input.hook_id,
+            hook_id: input.hook_id.clone(),
             outcome: input.outcome,
             ttl_ms: input.ttl_ms,
             node: self.id,
@@ -351,7 +342,7 @@ impl Node {
             Scope::Fleet => self.propose(command.clone(), deadline).await,
         };
         match answer {
-            Err(e) if e.fleet_unavailable() => self.queue_settle(command, &e).await,
+            Err(e) if e.fleet_unavailable() => self.queue_settle(&input, &command, &e).await,
             other => settle_answer(other?).map(Decided::fleet),
         }
     }
@@ -361,29 +352,18 @@ impl Node {
     /// `Queued`; [`reconcile`] retries it until the fleet applies it.
     async fn queue_settle(
         &self,
-        command: Command,
+        input: &SettleInput,
+        command: &Command,
         why: &NodeError,
     ) -> Result<Decided<SettleAnswer>, NodeError> {
-        let Command::Settle {
-            key,
-            hook_id,
-            outcome,
-            ttl_ms,
-            ..
-        } = &command
-        else {
-            return Err(NodeError::Fatal {
-                reason: "only settles are queued".to_owned(),
-            });
-        };
-        self.fallback.engine.apply(&command, Some(key))?;
+        self.fallback.engine.apply(command, Some(&input.key))?;
         // The claim's new record and the queued settle are both on disk before `QUEUED`.
         self.fallback.engine.sync().await?;
         let queued = QueuedSettle {
-            key: key.clone(),
-            hook_id: hook_id.clone(),
-            outcome: *outcome,
-            ttl_ms: *ttl_ms,
+            key: input.key.clone(),
+            hook_id: input.hook_id.clone(),
+            outcome: input.outcome,
+            ttl_ms: input.ttl_ms,
         };
         self.fallback.queue.push(&queued).await?;
         metrics::counter!("ankusa_fallback_answers_total", "call" => "settle").increment(1);
@@ -546,124 +526,24 @@ impl Node {
     pub fn replica(&self) -> &StateMachineStore {
         &self.state
     }
-
-    fn ensure_leader(&self) -> Result<(), NodeError> {
-        let status = self.status();
-        if status.leader_id == Some(self.id) {
-            return Ok(());
-        }
-        let leader_raft_addr = status
-            .leader_id
-            .and_then(|leader| status.members.iter().find(|(id, _, _)| *id == leader))
-            .map(|(_, node, _)| node.raft_addr.clone());
-        Err(NodeError::NotLeader { leader_raft_addr })
-    }
-
-    /// Waits until the current membership entry is on this node's disk. openraft lets the
-    /// next change through once the current one is committed, and on the leader it counts
-    /// its own copy before that copy is durable (docs/storage.md, "The leader's early flush
-    /// report"): a second change on top of a first held by one disk could, after a power
-    /// cut, leave two configurations that each elect a leader.
-    async fn membership_durable(&self) -> Result<(), NodeError> {
-        let index = self
-            .raft
-            .metrics()
-            .borrow()
-            .membership_config
-            .log_id()
-            .map(|log_id| log_id.index);
-        match index {
-            Some(index) => self
-                .durable
-                .wait_for(index)
-                .await
-                .map_err(|e| NodeError::Fatal {
-                    reason: e.to_string(),
-                }),
-            None => Ok(()),
-        }
-    }
-
-    /// Adds a member: it joins as a learner, catches up (by snapshot where the log was
-    /// purged), and is promoted to voter when asked and fewer than `voters_max` vote.
-    ///
-    /// # Errors
-    /// `NotLeader` on a follower (the caller forwards), `Membership` when openraft refuses.
-    pub async fn add_member(
-        &self,
-        id: NodeId,
-        member: MemberNode,
-        voter: bool,
-    ) -> Result<String, NodeError> {
-        self.ensure_leader()?;
-        let _alone = self.membership_changes.lock().await;
-        self.membership_durable().await?;
-        self.raft
-            .add_learner(id, member, true)
-            .await
-            .map_err(membership_error)?;
-        tracing::info!(node_id = id, "member added as learner");
-        let voters = self.status().members.iter().filter(|(_, _, v)| *v).count();
-        if !voter {
-            return Ok(format!("node {id} added as a learner"));
-        }
-        if voters >= self.voters_max {
-            return Ok(format!(
-                "node {id} added as a learner: {voters} voters already (voters_max {})",
-                self.voters_max
-            ));
-        }
-        let promote = ChangeMembers::AddVoterIds(BTreeSet::from([id]));
-        self.membership_durable().await?;
-        self.raft
-            .change_membership(promote, false)
-            .await
-            .map_err(membership_error)?;
-        tracing::info!(node_id = id, "member promoted to voter");
-        Ok(format!("node {id} added as a voter"))
-    }
-
-    /// Removes a member (voter or learner) from the fleet; it stops taking part.
-    ///
-    /// # Errors
-    /// `NotLeader` on a follower, `Membership` when openraft refuses (e.g. unknown id).
-    pub async fn remove_member(&self, id: NodeId) -> Result<String, NodeError> {
-        self.ensure_leader()?;
-        let _alone = self.membership_changes.lock().await;
-        self.membership_durable().await?;
-        let Some((_, _, voter)) = self
-            .status()
-            .members
-            .into_iter()
-            .find(|(member, _, _)| *member == id)
-        else {
-            return Err(NodeError::Membership {
-                reason: format!("node {id} is not a member"),
-            });
-        };
-        let ids = BTreeSet::from([id]);
-        let change = if voter {
-            ChangeMembers::RemoveVoters(ids)
-        } else {
-            ChangeMembers::RemoveNodes(ids)
-        };
-        self.raft
-            .change_membership(change, false)
-            .await
-            .map_err(membership_error)?;
-        tracing::info!(node_id = id, "member removed");
-        Ok(format!("node {id} removed"))
-    }
 }
 
-fn membership_error(e: RaftError<NodeId, ClientWriteError<NodeId, MemberNode>>) -> NodeError {
-    match e {
-        RaftError::APIError(ClientWriteError::ForwardToLeader(forward)) => NodeError::NotLeader {
-            leader_raft_addr: forward.leader_node.map(|n| n.raft_addr),
-        },
-        other => NodeError::Membership {
-            reason: other.to_string(),
-        },
+/// A hit with one part in each scope is not a fleet-wide decision (contract §8): it says
+/// `local`, its reason naming the node-scoped part, then why the fleet part was decided
+/// locally too when it was (`fleet_missed`).
+fn mixed_decision(
+    answer: HitAnswer,
+    route: &Route,
+    fleet_missed: Option<String>,
+) -> Decided<HitAnswer> {
+    let node_part = route.node_part().unwrap_or("node scope");
+    let reason = match fleet_missed {
+        Some(missed) => format!("{node_part}; {missed}"),
+        None => node_part.to_owned(),
+    };
+    Decided {
+        answer,
+        decided_by: DecidedBy::Local { reason },
     }
 }
 
