@@ -29,6 +29,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crate::codec;
+use crate::lock::lock;
 use crate::state::{ClaimKey, ClaimRecord};
 
 /// A journal smaller than this is never compacted while running.
@@ -106,9 +107,7 @@ impl Shared {
 
     fn lock(&self) -> MutexGuard<'_, Pending> {
         // A panic while holding the lock leaves plain bytes behind: still usable.
-        self.pending
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        lock(&self.pending)
     }
 }
 
@@ -271,10 +270,7 @@ fn flush_loop(shared: &Shared, mut file: File) {
         let taken = {
             let mut pending = shared.lock();
             while pending.bytes.is_empty() && pending.compaction.is_none() && !pending.stop {
-                pending = shared
-                    .wake
-                    .wait(pending)
-                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+                pending = crate::lock::wait(&shared.wake, pending);
             }
             if pending.bytes.is_empty() && pending.compaction.is_none() {
                 return; // stopped and drained

@@ -10,14 +10,18 @@
 //! Never proposes anything to the fleet itself.
 
 pub mod journal;
+mod ledger;
 pub mod reconcile;
 pub mod settle_queue;
+
+pub use ledger::ChargeLedger;
 
 use crate::clock::wall_clock_us;
 use std::path::Path;
 use std::sync::{Mutex, MutexGuard};
 
 use crate::codec;
+use crate::lock::lock;
 use crate::state::rules;
 use crate::state::FleetState;
 use crate::state::{
@@ -82,10 +86,7 @@ impl LocalEngine {
     /// Locks the state and moves its clock to now; returns the guard and the time.
     fn now(&self) -> (MutexGuard<'_, FleetState>, u64) {
         // The rules never panic on validated input; if one did, the maps are still whole.
-        let mut state = match self.state.lock() {
-            Ok(guard) => guard,
-            Err(poisoned) => poisoned.into_inner(),
-        };
+        let mut state = lock(&self.state);
         let now_us = state.advance_clock(wall_clock_us());
         (state, now_us)
     }
@@ -352,61 +353,6 @@ fn replica_blocks(record: &ClaimRecord, claim: &ClaimRequest, now_us: u64) -> Op
             })
         }
         crate::state::ClaimState::Pending => None,
-    }
-}
-
-/// Charges granted locally while cut off, summed per bucket until reconciliation hands
-/// them to the fleet as one [`Command::Absorb`]. Memory only: a restart forgets them (the
-/// budgets they spent refill within one window anyway).
-#[derive(Default)]
-pub struct ChargeLedger {
-    spent: Mutex<std::collections::HashMap<crate::state::BucketKey, (u64, u64)>>,
-}
-
-impl ChargeLedger {
-    fn lock(
-        &self,
-    ) -> MutexGuard<'_, std::collections::HashMap<crate::state::BucketKey, (u64, u64)>> {
-        // Holds plain sums; a panic elsewhere cannot leave them half-written.
-        match self.spent.lock() {
-            Ok(guard) => guard,
-            Err(poisoned) => poisoned.into_inner(),
-        }
-    }
-
-    /// Adds the charges of one local grant.
-    pub fn record(&self, charges: &[Charge]) {
-        let mut spent = self.lock();
-        for charge in charges {
-            let entry = spent.entry(charge.bucket.clone()).or_insert((0, 0));
-            entry.0 = entry.0.saturating_add(charge.increment_us);
-            entry.1 = entry.1.max(charge.capacity_us);
-        }
-    }
-
-    /// Takes everything recorded so far, one charge per bucket.
-    pub fn take(&self) -> Vec<Charge> {
-        self.lock()
-            .drain()
-            .map(|(bucket, (increment_us, capacity_us))| Charge {
-                bucket,
-                increment_us,
-                capacity_us,
-            })
-            .collect()
-    }
-
-    /// True when nothing waits to be reconciled.
-    pub fn is_empty(&self) -> bool {
-        self.lock().is_empty()
-    }
-
-    /// Drops what `tenant`'s buckets (both kinds) were charged locally: a reset forgets
-    /// them, so reconciliation must not charge them to the fleet afterwards.
-    pub fn forget_tenant(&self, tenant: &crate::state::TenantId) {
-        self.lock().retain(|bucket, _| {
-            !matches!(bucket, crate::state::BucketKey::Tenant { tenant: t, .. } if t == tenant)
-        });
     }
 }
 

@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use tokio::sync::OwnedMutexGuard;
 
+use crate::lock::lock;
 use crate::state::ClaimKey;
 
 /// The keys whose turn is taken, each with the lock its waiters queue on.
@@ -26,10 +27,7 @@ pub struct KeyTurn<'a> {
 
 impl KeyTurns {
     fn map(&self) -> MutexGuard<'_, HashMap<ClaimKey, Arc<tokio::sync::Mutex<()>>>> {
-        // Holds only locks; a panic elsewhere cannot leave it half-written.
-        self.turns
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        lock(&self.turns)
     }
 
     /// Waits for `key`'s turn (cancel-safe: dropping the wait gives up the place).

@@ -54,10 +54,7 @@ impl Faults {
         if !self.enabled {
             return Err("fault injection is off (config key fault_injection)");
         }
-        let mut current = match self.rules.write() {
-            Ok(guard) => guard,
-            Err(poisoned) => poisoned.into_inner(),
-        };
+        let mut current = crate::lock::write(&self.rules);
         tracing::info!(?rules, "fault rules set");
         *current = rules;
         Ok(())
@@ -68,10 +65,7 @@ impl Faults {
         if !self.enabled {
             return None;
         }
-        let rules = match self.rules.read() {
-            Ok(guard) => guard,
-            Err(poisoned) => poisoned.into_inner(),
-        };
+        let rules = crate::lock::read(&self.rules);
         rules.get(&peer).copied()
     }
 
@@ -84,9 +78,7 @@ impl Faults {
             return Err("fault injection is off (config key fault_injection)");
         }
         let (held, changed) = &*self.log_hold;
-        *held
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = hold;
+        *crate::lock::lock(held) = hold;
         changed.notify_all();
         tracing::info!(hold, "log writer hold set");
         Ok(())
@@ -98,11 +90,7 @@ impl Faults {
             return;
         }
         let (held, changed) = &*self.log_hold;
-        let guard = held
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let _released = changed
-            .wait_while(guard, |held| *held)
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let guard = crate::lock::lock(held);
+        let _released = crate::lock::wait_while(changed, guard, |held| *held);
     }
 }

@@ -43,6 +43,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use crate::codec::{decode, encode, CodecError};
+use crate::lock::lock;
 use crate::raft::faults::Faults;
 use crate::raft::{Entry, LogId, NodeId, StorageError, TypeConfig};
 
@@ -247,7 +248,7 @@ impl LogStore {
     /// openraft saves a newer vote before it appends a new leader's entries, so a
     /// follower's entries, and a new leader's entries from older terms, never are.
     fn appended_as_leader(&self, entries: &[Entry]) -> bool {
-        let vote = *lock_plain(&self.vote);
+        let vote = *lock(&self.vote);
         vote.is_some_and(|vote| {
             vote.is_committed()
                 && vote.leader_id().voted_for() == Some(self.node_id)
@@ -277,7 +278,7 @@ impl LogStore {
     /// calls `on_durable` after their fsync; never before, since the callback tells openraft
     /// the entries may be counted towards a quorum.
     fn append_then_notify(&self, entries: Vec<Entry>, on_durable: writer::OnDurable) -> Result<()> {
-        if let Err(e) = writer::lock(&self.tail).push(&entries) {
+        if let Err(e) = lock(&self.tail).push(&entries) {
             on_durable(Err(io::Error::other(e.to_string())));
             return Err(e);
         }
@@ -320,7 +321,7 @@ impl LogStore {
         }
         let from = first_index(start);
         let (tail_first, from_tail, purged_upto) = {
-            let tail = writer::lock(&self.tail);
+            let tail = lock(&self.tail);
             let from_tail = match tail.first_index() {
                 Some(first) if !range_is_empty((Bound::Included(from.max(first)), end)) => {
                     tail.read(from.max(first), end)
@@ -367,20 +368,12 @@ impl LogStore {
     }
 
     fn committed_slot(&self) -> std::sync::MutexGuard<'_, Option<Option<LogId>>> {
-        lock_plain(&self.committed)
+        lock(&self.committed)
     }
 
     fn take_committed(&self) -> Option<Option<LogId>> {
         self.committed_slot().take()
     }
-}
-
-/// Locks a mutex that only ever holds a plain value: a panic elsewhere cannot leave it
-/// half-written.
-fn lock_plain<T>(mutex: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 fn create_tables(db: &Database) -> Result<()> {
@@ -614,7 +607,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     async fn get_log_state(&mut self) -> Result<LogState<TypeConfig>, StorageError> {
         let mut state = self.blocking(log_state).await.map_err(read_logs_error)?;
         // Appended entries count before they are durable (openraft tracks their flush).
-        if let Some(last) = writer::lock(&self.tail).last_log_id() {
+        if let Some(last) = lock(&self.tail).last_log_id() {
             state.last_log_id = state.last_log_id.max(Some(last));
         }
         Ok(state)
@@ -630,7 +623,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         self.write(move |disk| store_meta(&disk.db, VOTE_KEY, &vote, Durability::Immediate))
             .await
             .map_err(|e| StorageIOError::<NodeId>::write_vote(&e))?;
-        *lock_plain(&self.vote) = Some(vote);
+        *lock(&self.vote) = Some(vote);
         Ok(())
     }
 
@@ -653,7 +646,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
                 vote
             }
         });
-        *lock_plain(&self.vote) = vote;
+        *lock(&self.vote) = vote;
         Ok(vote)
     }
 
@@ -696,7 +689,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn truncate(&mut self, log_id: LogId) -> Result<(), StorageError> {
-        writer::lock(&self.tail).truncate(log_id.index);
+        lock(&self.tail).truncate(log_id.index);
         let mark = self.mark.clone();
         self.write(move |disk| {
             truncate_durably(disk, log_id.index)?;
@@ -708,7 +701,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn purge(&mut self, log_id: LogId) -> Result<(), StorageError> {
-        writer::lock(&self.tail).purge(log_id.index);
+        lock(&self.tail).purge(log_id.index);
         let mark = self.mark.clone();
         self.write(move |disk| {
             purge_durably(disk, log_id)?;

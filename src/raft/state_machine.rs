@@ -92,12 +92,8 @@ impl StateMachineStore {
 
     /// Locks the applied state for a short read (never hold it across an await).
     pub fn lock(&self) -> MutexGuard<'_, Applied> {
-        // A panic while applying leaves a state nobody can trust; propagating the poison as a
-        // panic stops the node instead of serving from it.
-        match self.inner.applied.lock() {
-            Ok(guard) => guard,
-            Err(poisoned) => panic!("state machine lock poisoned: {poisoned}"),
-        }
+        // A panic while applying leaves a state nobody can trust.
+        crate::lock::lock_or_stop(&self.inner.applied, "state machine")
     }
 
     fn load_current(&self) -> Result<Option<StoredSnapshot>, StorageError> {
@@ -118,10 +114,7 @@ impl StateMachineStore {
         let inner = self.inner.clone();
         let meta = meta.clone();
         let written = tokio::task::spawn_blocking(move || {
-            let _one_at_a_time = inner
-                .persisting
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            let _one_at_a_time = crate::lock::lock(&inner.persisting);
             if chunks::write(&inner.snapshots, &inner.disk, &meta, &data)? {
                 inner
                     .snapshot_bytes

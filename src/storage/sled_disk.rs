@@ -55,10 +55,7 @@ impl SledDisk {
     /// the disk, so it must not be acknowledged.
     pub fn flush_to_disk(&self) -> io::Result<usize> {
         self.db.flush()?;
-        let mut synced = self
-            .synced
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut synced = crate::lock::lock(&self.synced);
         let mut present = HashMap::new();
         let count = sync_tree(&self.dir, &synced, &mut present)?;
         // Only what still exists is remembered: removed blobs do not pile up here.

@@ -30,6 +30,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 
 use super::{decode_as, encode_as, LogStoreError, Result};
+use crate::lock::{lock, try_lock};
 use crate::raft::{Entry, LogId};
 
 /// Size a segment is created with (zeros); a segment rolls over once its records reach it.
@@ -100,16 +101,10 @@ pub(super) struct Wal {
 
 impl Drop for Wal {
     fn drop(&mut self) {
-        if let Some(spare) = lock_spare(&self.spare).take() {
+        if let Some(spare) = lock(&self.spare).take() {
             let _ = spare.join();
         }
     }
-}
-
-fn lock_spare<T>(spare: &Mutex<T>) -> MutexGuard<'_, T> {
-    spare
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// A file of `bytes` zeros, fsynced, opened for reading and writing.
@@ -255,11 +250,8 @@ impl Wal {
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
-        // Changed only by the writer thread, a step at a time; a panic elsewhere cannot
-        // leave it half-changed.
-        self.state
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        // Changed only by the writer thread, a step at a time.
+        lock(&self.state)
     }
 
     /// The directory the segments are in.
@@ -398,7 +390,7 @@ impl Wal {
 
     /// The spare segment, if one is ready (zeros written and fsynced under its own name).
     fn take_spare(&self) -> Option<PathBuf> {
-        let mut spare = lock_spare(&self.spare);
+        let mut spare = lock(&self.spare);
         if !spare.as_ref().is_some_and(JoinHandle::is_finished) {
             return None;
         }
@@ -415,7 +407,7 @@ impl Wal {
     /// Starts making the next segment's file on a thread of its own, unless one is on its
     /// way: zeroing 16 MiB and its fsync take 20-25 ms that appends would otherwise wait.
     fn prepare_spare(&self) {
-        let mut spare = lock_spare(&self.spare);
+        let mut spare = lock(&self.spare);
         if spare.is_some() {
             return;
         }
@@ -439,11 +431,7 @@ impl Wal {
     /// `None` when the writer holds the log right now: a purge or a truncation holds it
     /// through its disk IO, and the caller (on an async runtime) must not wait for that.
     pub(super) fn try_bytes_after(&self, index: Option<u64>) -> Option<u64> {
-        let state = match self.state.try_lock() {
-            Ok(state) => state,
-            Err(std::sync::TryLockError::WouldBlock) => return None,
-            Err(std::sync::TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
-        };
+        let state = try_lock(&self.state)?;
         let bytes = state
             .segments
             .values()

@@ -18,10 +18,11 @@ use std::collections::BTreeMap;
 use std::io;
 use std::ops::Bound;
 use std::sync::mpsc;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
 use super::{Disk, LogStoreError, Result};
+use crate::lock::lock;
 use crate::raft::durability::DurableMark;
 use crate::raft::faults::Faults;
 use crate::raft::{Entry, LogId};
@@ -211,12 +212,6 @@ impl Drop for Writer {
             }
         }
     }
-}
-
-pub(super) fn lock(tail: &Mutex<Tail>) -> MutexGuard<'_, Tail> {
-    // Only plain entries inside; a panic elsewhere cannot leave it half-changed.
-    tail.lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 fn write_loop(
