@@ -22,8 +22,7 @@
 //! after their fsync. Reads of older entries run in [`tokio::task::spawn_blocking`], so
 //! the async runtime is never blocked by file IO.
 //!
-//! Entries used to live in a redb table too (the `log` table); a store that still has rows
-//! there moves them into the WAL when it opens. docs/storage.md has the measured reasons.
+//! docs/decisions has why entries are in a WAL and not in redb.
 
 mod wal;
 mod writer;
@@ -38,7 +37,7 @@ use std::sync::Arc;
 
 use openraft::storage::{LogFlushed, LogState, RaftLogStorage};
 use openraft::{OptionalSend, RaftLogReader, StorageIOError, Vote};
-use redb::{Database, Durability, ReadableTable, TableDefinition, WriteTransaction};
+use redb::{Database, Durability, ReadableTable, TableDefinition};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
@@ -47,19 +46,12 @@ use crate::lock::lock;
 use crate::raft::faults::Faults;
 use crate::raft::{Entry, LogId, NodeId, StorageError, TypeConfig};
 
-/// Log index -> encoded [`Entry`]: where entries lived before the WAL; emptied into it at
-/// open.
-const LOG_TABLE: TableDefinition<u64, &[u8]> = TableDefinition::new("log");
-/// Small named records: [`VOTE_KEY`], [`COMMITTED_KEY`], [`LAST_PURGED_KEY`].
+/// Small named records: [`VOTE_KEY`], [`LAST_PURGED_KEY`].
 const META_TABLE: TableDefinition<&str, &[u8]> = TableDefinition::new("meta");
 const VOTE_KEY: &str = "vote";
-/// redb page cache (the file holds the vote and purge point; an older build's log is read
-/// from it once, at the move into the WAL).
+/// redb page cache (the file holds the vote and the purge point only).
 const LOG_CACHE_BYTES: usize = 32 * 1024 * 1024;
-const COMMITTED_KEY: &str = "committed";
 const LAST_PURGED_KEY: &str = "last_purged_log_id";
-/// Entries per write when moving an older build's log into the WAL.
-const LEGACY_MOVE_CHUNK: usize = 1_000;
 
 /// Why the log store failed. Turned into an [`openraft::StorageError`] at the trait boundary,
 /// which makes openraft stop the node rather than run on a log it cannot trust.
@@ -125,7 +117,7 @@ type Result<T, E = LogStoreError> = std::result::Result<T, E>;
 
 /// The two files behind a log store.
 pub(super) struct Disk {
-    /// Vote, purge point (and, from older builds, entries and the committed id).
+    /// Vote and purge point.
     db: Database,
     /// Entries and the committed id.
     wal: wal::Wal,
@@ -212,7 +204,6 @@ impl LogStore {
         let purged_upto = purged.map(|log_id| log_id.index);
         let wal = wal::Wal::open(&path.with_extension("wal"), purged_upto, segment_bytes)?;
         let disk = Disk { db, wal };
-        move_legacy_entries(&disk)?;
         let mark = crate::raft::durability::DurableMark::new(log_state(&disk)?.last_log_id);
         let disk = Arc::new(disk);
         let tail = Arc::new(std::sync::Mutex::new(writer::Tail::new(purged_upto)));
@@ -378,18 +369,9 @@ impl LogStore {
 
 fn create_tables(db: &Database) -> Result<()> {
     let txn = db.begin_write()?;
-    txn.open_table(LOG_TABLE)?;
     txn.open_table(META_TABLE)?;
     txn.commit()?;
     Ok(())
-}
-
-/// A write transaction that fsyncs on commit (redb's default, made explicit because the
-/// whole module's contract rests on it).
-fn durable_write(db: &Database) -> Result<WriteTransaction> {
-    let mut txn = db.begin_write()?;
-    txn.set_durability(Durability::Immediate);
-    Ok(txn)
 }
 
 fn encode_as<T: Serialize>(value: &T, what: &'static str) -> Result<Vec<u8>> {
@@ -449,67 +431,6 @@ fn read_entries(disk: &Disk, range: (Bound<u64>, Bound<u64>)) -> Result<Vec<Entr
     Ok(entries)
 }
 
-/// Moves entries an older build left in redb's `log` table into the WAL (once: the table is
-/// emptied after the WAL's fsync; if the node stopped in between, the WAL already has them
-/// and the table is just emptied). The committed id stored beside them moves too.
-fn move_legacy_entries(disk: &Disk) -> Result<()> {
-    let (entries, committed) = {
-        let txn = disk.db.begin_read()?;
-        let log = txn.open_table(LOG_TABLE)?;
-        let mut entries: Vec<Entry> = Vec::new();
-        for row in log.iter()? {
-            let (key, bytes) = row?;
-            let entry: Entry = decode_as(bytes.value(), "log entry")?;
-            check_filed(key.value(), &entry)?;
-            if let Some(previous) = entries.last() {
-                check_follows(previous.log_id.index, key.value())?;
-            }
-            entries.push(entry);
-        }
-        let committed: Option<Option<LogId>> =
-            read_meta(&txn.open_table(META_TABLE)?, COMMITTED_KEY)?;
-        (entries, committed)
-    };
-    if entries.is_empty() && committed.is_none() {
-        return Ok(());
-    }
-    // A move that stopped part way left a prefix in the WAL: go on after it (it must be
-    // the very entries of the table, or the two logs disagree and neither is trusted).
-    let moved = disk.wal.last_log_id();
-    if let Some(moved) = moved {
-        let same = entries
-            .iter()
-            .find(|entry| entry.log_id.index == moved.index);
-        if same.is_some_and(|entry| entry.log_id != moved) {
-            return Err(LogStoreError::Wal {
-                path: disk.wal.dir().to_path_buf(),
-                reason: format!(
-                    "its last entry {moved} is not the old redb log's entry at that index"
-                ),
-            });
-        }
-    }
-    let rest: Vec<Entry> = entries
-        .into_iter()
-        .filter(|entry| moved.is_none_or(|moved| entry.log_id.index > moved.index))
-        .collect();
-    // In bounded writes: one buffer per chunk, not the whole table at once.
-    for chunk in rest.chunks(LEGACY_MOVE_CHUNK) {
-        disk.wal.append(chunk, None)?;
-    }
-    if let Some(committed) = committed {
-        disk.wal.append(&[], Some(committed))?;
-    }
-    if !rest.is_empty() {
-        tracing::info!(entries = rest.len(), "moved the log from redb into the WAL");
-    }
-    let txn = durable_write(&disk.db)?;
-    txn.open_table(LOG_TABLE)?.retain(|_, _| false)?;
-    txn.open_table(META_TABLE)?.remove(COMMITTED_KEY)?;
-    txn.commit()?;
-    Ok(())
-}
-
 /// The first index a range's start bound admits.
 fn first_index(start: Bound<u64>) -> u64 {
     match start {
@@ -527,16 +448,6 @@ fn range_is_empty((start, end): (Bound<u64>, Bound<u64>)) -> bool {
         Bound::Excluded(index) => first >= index,
         Bound::Unbounded => false,
     }
-}
-
-fn check_filed(key_index: u64, entry: &Entry) -> Result<()> {
-    if entry.log_id.index != key_index {
-        return Err(LogStoreError::MisfiledEntry {
-            key_index,
-            entry_index: entry.log_id.index,
-        });
-    }
-    Ok(())
 }
 
 fn check_follows(previous_index: u64, got_index: u64) -> Result<()> {
@@ -1167,94 +1078,6 @@ mod tests {
             "purged entries must not come back"
         );
         assert!(store.truncate(log_id(1, 7)).await.is_err());
-    }
-
-    /// A store an older build left with its entries in redb opens with them in the WAL
-    /// (and the committed id), and a hole there is refused, never handed to openraft.
-    #[tokio::test]
-    async fn entries_left_in_redb_by_an_older_build_move_into_the_wal() {
-        let (_dir, path) = scratch();
-        let entries: Vec<Entry> = (0..4).map(|index| request_entry(1, index)).collect();
-        {
-            let store = open_with_legacy_entries(&path, &entries);
-            let committed = Some(log_id(1, 2));
-            store_meta(
-                &store.disk.db,
-                COMMITTED_KEY,
-                &committed,
-                Durability::Immediate,
-            )
-            .expect("committed");
-        }
-        let mut store = open_store(&path).expect("reopen");
-        assert_eq!(store.try_get_log_entries(..).await.expect("read"), entries);
-        assert_eq!(
-            store.read_committed().await.expect("committed"),
-            Some(log_id(1, 2))
-        );
-        let left = store.disk.db.begin_read().expect("txn");
-        let table = left.open_table(LOG_TABLE).expect("table");
-        assert_eq!(redb::ReadableTableMetadata::len(&table).expect("len"), 0);
-        drop(table);
-        drop(left);
-        store
-            .blocking_append(vec![request_entry(1, 4)])
-            .await
-            .expect("append after the moved entries");
-        drop(store);
-        let mut store = open_store(&path).expect("reopen again");
-        assert_eq!(store.try_get_log_entries(..).await.expect("read").len(), 5);
-
-        write_legacy(&store, 9, &request_entry(1, 9));
-        write_legacy(&store, 11, &request_entry(1, 11));
-        drop(store);
-        assert!(open_store(&path).is_err(), "a hole in the old table");
-    }
-
-    /// A move that stopped part way (the WAL holds a prefix of the old table) goes on after
-    /// that prefix when the store opens again; a WAL that disagrees with the table is refused.
-    #[tokio::test]
-    async fn a_move_from_redb_that_stopped_part_way_goes_on() {
-        let (_dir, path) = scratch();
-        let entries: Vec<Entry> = (0..10).map(|index| request_entry(1, index)).collect();
-        {
-            let store = open_with_legacy_entries(&path, &entries);
-            store.disk.wal.append(&entries[..5], None).expect("prefix");
-        }
-        let mut store = open_store(&path).expect("reopen");
-        assert_eq!(store.try_get_log_entries(..).await.expect("read"), entries);
-        drop(store);
-
-        let (_dir, path) = scratch();
-        {
-            let store = open_with_legacy_entries(&path, &entries);
-            let other_term: Vec<Entry> = (0..3).map(|index| request_entry(2, index)).collect();
-            store.disk.wal.append(&other_term, None).expect("prefix");
-        }
-        let refused = open_store(&path).expect_err("the WAL disagrees with the table");
-        assert!(
-            refused.to_string().contains("not the old redb log's entry"),
-            "{refused}"
-        );
-    }
-
-    /// A store whose redb log table holds `entries` (as an older build left it).
-    fn open_with_legacy_entries(path: &Path, entries: &[Entry]) -> LogStore {
-        let store = open_store(path).expect("open");
-        for entry in entries {
-            write_legacy(&store, entry.log_id.index, entry);
-        }
-        store
-    }
-
-    fn write_legacy(store: &LogStore, index: u64, entry: &Entry) {
-        let txn = store.disk.db.begin_write().expect("txn");
-        let bytes = encode(entry).expect("encode");
-        txn.open_table(LOG_TABLE)
-            .expect("table")
-            .insert(index, bytes.as_slice())
-            .expect("insert");
-        txn.commit().expect("commit");
     }
 
     /// Small segments: appends roll over, reads cross segments, purge drops whole segments,

@@ -7,8 +7,7 @@
 //! AppendEntries, Vote and Propose travel as frames on one long-lived `Peer/Exchange`
 //! stream per peer (`PeerStream`), matched to their answers by call id: a Raft message
 //! then costs one HTTP/2 DATA frame each way instead of a new stream with headers and a
-//! server task. InstallSnapshot (large chunks) stays a unary call, and so does everything
-//! to a peer that does not serve `Exchange`. A stream that breaks is replaced on the next
+//! server task. InstallSnapshot (large chunks) stays a unary call. A stream that breaks is replaced on the next
 //! call; calls still waiting on it fail as [`PeerError::Lost`] (maybe delivered).
 
 use std::collections::HashMap;
@@ -101,18 +100,9 @@ struct CommitOnly {
     catch_up: Duration,
 }
 
-/// How calls reach one peer, once known; callers wait on it while a stream is being opened,
+/// The stream to one peer, once open; callers wait on it while a stream is being opened,
 /// so concurrent first calls share one stream.
-type LinkSlot = Arc<tokio::sync::Mutex<Option<Link>>>;
-
-/// How calls to one peer travel.
-#[derive(Clone)]
-enum Link {
-    /// As frames on this stream.
-    Stream(Arc<PeerStream>),
-    /// As unary RPCs: the peer does not serve `Exchange` (an older build).
-    Unary,
-}
+type LinkSlot = Arc<tokio::sync::Mutex<Option<Arc<PeerStream>>>>;
 
 /// The answer to one frame: the encoded payload, or the status the peer refused it with.
 type FrameAnswer = Result<Vec<u8>, Status>;
@@ -296,18 +286,17 @@ impl PeerClients {
         Ok(client)
     }
 
-    /// How to reach `raft_addr`: its open stream, or a newly opened one (a stream that
-    /// ended is replaced; a peer without `Exchange` is called unary from then on).
-    async fn link(&self, raft_addr: &str) -> Result<Link, PeerError> {
+    /// The stream to `raft_addr`: the open one, or a newly opened one (a stream that ended
+    /// is replaced).
+    async fn link(&self, raft_addr: &str) -> Result<Arc<PeerStream>, PeerError> {
         let slot = lock(&self.links)
             .entry(raft_addr.to_owned())
             .or_default()
             .clone();
         let mut link = slot.lock().await;
         match &*link {
-            Some(Link::Stream(stream)) if stream.ended() => {}
-            Some(known) => return Ok(known.clone()),
-            None => {}
+            Some(stream) if !stream.ended() => return Ok(Arc::clone(stream)),
+            _ => {}
         }
         let mut client = self.client(raft_addr)?;
         let (frames, outgoing) = mpsc::unbounded_channel();
@@ -320,12 +309,7 @@ impl PeerClients {
             std::future::ready(wanted)
         });
         let opened = match client.exchange(outgoing).await {
-            Ok(answers) => Link::Stream(Arc::new(PeerStream::start(
-                frames,
-                waiting,
-                answers.into_inner(),
-            ))),
-            Err(status) if status.code() == tonic::Code::Unimplemented => Link::Unary,
+            Ok(answers) => Arc::new(PeerStream::start(frames, waiting, answers.into_inner())),
             Err(status) => {
                 return Err(PeerError::Unreachable {
                     addr: raft_addr.to_owned(),
@@ -333,7 +317,7 @@ impl PeerClients {
                 })
             }
         };
-        *link = Some(opened.clone());
+        *link = Some(Arc::clone(&opened));
         Ok(opened)
     }
 
@@ -359,12 +343,11 @@ impl PeerClients {
             None => {}
         }
         let call = async {
-            if method != PeerMethod::InstallSnapshot {
-                if let Link::Stream(stream) = self.link(raft_addr).await? {
-                    return self.call_on_stream(&stream, &addr, method, payload).await;
-                }
+            if method == PeerMethod::InstallSnapshot {
+                return self.call_unary(raft_addr, method, payload).await;
             }
-            self.call_unary(raft_addr, method, payload).await
+            let stream = self.link(raft_addr).await?;
+            self.call_on_stream(&stream, &addr, method, payload).await
         };
         match tokio::time::timeout(timeout, call).await {
             Err(_) => Err(PeerError::Timeout { addr, timeout }),

@@ -254,11 +254,6 @@ impl Wal {
         lock(&self.state)
     }
 
-    /// The directory the segments are in.
-    pub(super) fn dir(&self) -> &Path {
-        &self.dir
-    }
-
     /// The newest committed id written, if any (a hint: it may lag).
     pub(super) fn committed(&self) -> Option<Option<LogId>> {
         self.lock().committed

@@ -210,18 +210,20 @@ async fn install_snapshot_stays_unary() {
     assert_eq!(stub.streams_opened.load(Ordering::SeqCst), 0);
 }
 
+/// Raft messages other than InstallSnapshot travel only on the Exchange stream: a peer
+/// that refuses it is unreachable, and nothing falls back to unary calls.
 #[tokio::test]
-async fn a_peer_without_exchange_is_called_unary() {
+async fn a_peer_without_exchange_is_unreachable_and_never_called_unary() {
     let (stub, addr) = serve(Mode::UnaryOnly).await;
     let clients = clients();
     for n in 0..3u8 {
-        let answer = clients
+        let error = clients
             .call_raw(2, &addr, PeerMethod::AppendEntries, vec![n], DEADLINE)
             .await
-            .expect("answered");
-        assert_eq!(answer, [b"unary:".as_slice(), &[n]].concat());
+            .expect_err("no stream, no call");
+        assert!(matches!(error, PeerError::Unreachable { .. }), "{error}");
     }
-    assert_eq!(stub.unary_calls.load(Ordering::SeqCst), 3);
+    assert_eq!(stub.unary_calls.load(Ordering::SeqCst), 0);
 }
 
 #[tokio::test]
@@ -280,7 +282,7 @@ async fn an_unanswered_call_times_out_and_is_forgotten() {
         .expect_err("deadline first");
     assert!(matches!(error, PeerError::Timeout { .. }), "{error}");
     let slot = lock(&clients.links).get(&addr).cloned().expect("a link");
-    let Some(Link::Stream(stream)) = slot.lock().await.clone() else {
+    let Some(stream) = slot.lock().await.clone() else {
         panic!("calls went over a stream");
     };
     assert!(
