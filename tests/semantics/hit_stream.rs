@@ -1,0 +1,78 @@
+//! HitStream (beyond SPEC 14): the same answers as Hit, in request order.
+
+use ankusa_fleet::pb;
+
+use crate::common::*;
+use crate::{entries, fleet_settle, slow};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hit_stream_answers_like_hit_in_request_order() {
+    init_tracing();
+    let fleet = Fleet::start(3, "").await;
+    for (role, id) in entries(&fleet).await {
+        tracing::info!(role, "--- four requests sent at once on one stream");
+        let tenant = format!("stream-{role}");
+        let mut client = fleet.client(id).await;
+        let mut stream = HitStream::open(&mut client).await;
+        let mut invalid = hit(vec![], Some(claim(&tenant, "evt-3", "hook-x")));
+        invalid.claim.as_mut().expect("a claim").tenant = String::new();
+        let requests = [
+            hit(
+                vec![slow(&tenant, 1)],
+                Some(claim(&tenant, "evt-1", "hook-a")),
+            ),
+            hit(vec![], Some(claim(&tenant, "evt-1", "hook-b"))),
+            invalid,
+            hit(
+                vec![slow(&tenant, 1)],
+                Some(claim(&tenant, "evt-2", "hook-c")),
+            ),
+        ];
+        for request in requests {
+            stream.send(request).await;
+        }
+        let first = stream.reply().await.expect("the first hit is answered");
+        assert_eq!(outcome(&first), Outcome::Allowed, "{first:?}");
+        assert_eq!(first.decided_by, pb::DecidedBy::Fleet as i32, "{first:?}");
+        let second = stream.reply().await.expect("the second hit is answered");
+        assert!(
+            matches!(outcome(&second), Outcome::Pending(_)),
+            "the first hit (sent before it) holds evt-1 for hook-a: {second:?}"
+        );
+        let third = stream
+            .reply()
+            .await
+            .expect_err("an empty tenant is refused");
+        assert_eq!(third.code(), tonic::Code::InvalidArgument, "{third:?}");
+        assert!(third.message().contains("claim.tenant"), "{third:?}");
+        let fourth = stream
+            .reply()
+            .await
+            .expect("the stream goes on after an error");
+        assert!(
+            matches!(outcome(&fourth), Outcome::RateLimited(_)),
+            "the first hit spent the bucket's one hit: {fourth:?}"
+        );
+
+        tracing::info!(
+            role,
+            "--- a commit made through another node is seen on the stream"
+        );
+        let other = (1..=3).find(|other| *other != id).expect("another node");
+        let mut other_client = fleet.client(other).await;
+        let settled = fleet_settle(
+            &mut other_client,
+            &tenant,
+            "evt-1",
+            "hook-a",
+            pb::SettleOutcome::Commit,
+        )
+        .await;
+        assert_eq!(settled, (pb::SettleStatus::Settled, String::new()));
+        let again = stream
+            .hit(hit(vec![], Some(claim(&tenant, "evt-1", "hook-z"))))
+            .await
+            .expect("answered");
+        assert_eq!(outcome(&again), Outcome::Duplicate("hook-a".to_owned()));
+    }
+}
