@@ -26,6 +26,7 @@ use crate::local::LocalEngine;
 use crate::node::propose::{BatchLimits, Proposer, Router};
 use crate::node::{Node, NodeParts};
 use crate::pb;
+use crate::raft::durability::network::DurableNetwork;
 use crate::raft::faults::Faults;
 use crate::raft::log_store::LogStore;
 use crate::raft::network::PeerClients;
@@ -178,18 +179,14 @@ pub async fn start(config: NodeConfig, listeners: Listeners) -> Result<RunningNo
         &config.data_dir.join(crate::local::NODE_SCOPE_JOURNAL),
         config.node_id,
     )?;
-    let peers = PeerClients::new(
-        &config.cluster_id,
-        config.node_id,
-        faults.clone(),
-        durable.clone(),
-    )
-    .answering_commit_only(std::time::Duration::from_millis(config.heartbeat_ms))
-    .with_tls(peer_tls.as_ref().map(PeerTls::client));
+    let peers = PeerClients::new(&config.cluster_id, config.node_id, faults.clone())
+        .with_tls(peer_tls.as_ref().map(PeerTls::client));
+    let network = DurableNetwork::new(peers.clone(), durable.clone())
+        .answering_commit_only(std::time::Duration::from_millis(config.heartbeat_ms));
     let raft = Raft::new(
         config.node_id,
         Arc::new(raft_config(&config)?),
-        peers.clone(),
+        network,
         log_store,
         state.clone(),
     )

@@ -239,14 +239,7 @@ impl LogStore {
     /// openraft saves a newer vote before it appends a new leader's entries, so a
     /// follower's entries, and a new leader's entries from older terms, never are.
     fn appended_as_leader(&self, entries: &[Entry]) -> bool {
-        let vote = *lock(&self.vote);
-        vote.is_some_and(|vote| {
-            vote.is_committed()
-                && vote.leader_id().voted_for() == Some(self.node_id)
-                && entries
-                    .iter()
-                    .all(|entry| entry.log_id.leader_id == *vote.leader_id())
-        })
+        crate::raft::durability::reports_early(*lock(&self.vote), self.node_id, entries)
     }
 
     /// Runs `work` on the writer thread, after every change queued before it.

@@ -31,7 +31,6 @@ use tonic::transport::{Channel, ClientTlsConfig};
 use tonic::{Status, Streaming};
 
 use super::faults::{Fault, Faults};
-use super::log_store::DurableLog;
 use super::{MemberNode, NodeId, ProposeRequest, ProposeResponse, TypeConfig};
 use crate::codec;
 use crate::limits::{APPEND_ENTRIES_BYTES_MAX, COMMAND_BYTES_MAX, PEER_MESSAGE_BYTES_MAX};
@@ -45,14 +44,6 @@ const CONNECT_TIMEOUT: Duration = Duration::from_millis(500);
 /// HTTP/2 pings on peer connections, and how long an unanswered one may wait.
 const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(1);
 const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(3);
-/// The longest a commit-only `AppendEntries` may follow the follower's last acceptance and
-/// still be answered here (see [`PeerConnection::append_entries`]); never more than half the
-/// heartbeat interval, so the follower hears from the leader at least that often.
-const COMMIT_ONLY_FRESH: Duration = Duration::from_millis(10);
-/// How long a commit-only `AppendEntries` answered here waits for the next one that goes
-/// out to the same follower (the next entry, under load) before it is sent after all.
-const COMMIT_ONLY_CATCH_UP: Duration = Duration::from_millis(2);
-
 /// A transport failure talking to a peer (its answer, if any, is unknown).
 #[derive(Debug, thiserror::Error)]
 pub enum PeerError {
@@ -82,22 +73,10 @@ pub struct PeerClients {
     cluster_id: Arc<str>,
     from_node_id: NodeId,
     faults: Faults,
-    /// How far this node's log is fsynced: the commit index sent to followers never passes it.
-    durable: DurableLog,
     channels: Arc<Mutex<HashMap<String, PeerClient<Channel>>>>,
     links: Arc<Mutex<HashMap<String, LinkSlot>>>,
-    /// When commit-only `AppendEntries` may be answered here; never, unless set.
-    commit_only: Option<CommitOnly>,
     /// `[peer_tls]`'s client side; plaintext when `None` (loopback fleets, tests).
     tls: Option<ClientTlsConfig>,
-}
-
-/// When a commit-only `AppendEntries` is answered here (see
-/// [`PeerConnection::append_entries`]).
-#[derive(Clone, Debug)]
-struct CommitOnly {
-    fresh: Duration,
-    catch_up: Duration,
 }
 
 /// The stream to one peer, once open; callers wait on it while a stream is being opened,
@@ -228,20 +207,13 @@ fn refused(addr: String, status: &Status) -> PeerError {
 impl PeerClients {
     /// Clients that stamp `cluster_id` and our id on every call; `faults` are consulted
     /// before each call (see [`Faults`]).
-    pub fn new(
-        cluster_id: &str,
-        from_node_id: NodeId,
-        faults: Faults,
-        durable: DurableLog,
-    ) -> Self {
+    pub fn new(cluster_id: &str, from_node_id: NodeId, faults: Faults) -> Self {
         Self {
             cluster_id: Arc::from(cluster_id),
             from_node_id,
             faults,
-            durable,
             channels: Arc::new(Mutex::new(HashMap::new())),
             links: Arc::new(Mutex::new(HashMap::new())),
-            commit_only: None,
             tls: None,
         }
     }
@@ -249,16 +221,6 @@ impl PeerClients {
     /// Calls peers over mutual TLS (`[peer_tls]`), or plaintext with `None`.
     pub fn with_tls(mut self, tls: Option<ClientTlsConfig>) -> Self {
         self.tls = tls;
-        self
-    }
-
-    /// Lets connections answer commit-only `AppendEntries` themselves (see
-    /// [`PeerConnection::append_entries`]); `heartbeat` is openraft's heartbeat interval.
-    pub fn answering_commit_only(mut self, heartbeat: Duration) -> Self {
-        self.commit_only = Some(CommitOnly {
-            fresh: COMMIT_ONLY_FRESH.min(heartbeat / 2),
-            catch_up: COMMIT_ONLY_CATCH_UP,
-        });
         self
     }
 
@@ -451,68 +413,21 @@ impl RaftNetworkFactory<TypeConfig> for PeerClients {
             clients: self.clone(),
             target,
             raft_addr: node.raft_addr.clone(),
-            accepted: None,
-            sends: Arc::default(),
         }
     }
 }
 
-/// openraft's connection to one peer.
+/// openraft's connection to one peer (cheap to clone: clones share the stream).
+#[derive(Clone)]
 pub struct PeerConnection {
     clients: PeerClients,
     target: NodeId,
     raft_addr: String,
-    /// The last `AppendEntries` the follower accepted whole, if the one after it did not fail.
-    accepted: Option<Accepted>,
-    /// `AppendEntries` sent on this connection so far.
-    sends: Arc<std::sync::atomic::AtomicU64>,
-}
-
-/// An `AppendEntries` a follower accepted: under which vote, up to which log id, and when
-/// it was sent.
-#[derive(Clone, Copy, Debug)]
-struct Accepted {
-    vote: openraft::Vote<NodeId>,
-    last: Option<super::LogId>,
-    sent_at: std::time::Instant,
 }
 
 type RpcResult<Resp, E> = Result<Resp, RPCError<NodeId, MemberNode, RaftError<NodeId, E>>>;
 
 impl PeerConnection {
-    /// Sends `rpc` (a commit-only `AppendEntries` answered here) after `delay`
-    /// (`COMMIT_ONLY_CATCH_UP`), unless another `AppendEntries` went out to this follower
-    /// meanwhile (it carried a commit index at least as new). So an idle leader's followers
-    /// still learn its last commit within a few milliseconds. The answer is not awaited by
-    /// openraft: the follower already accepted what this one confirms.
-    fn catch_up_later(
-        &self,
-        rpc: AppendEntriesRequest<TypeConfig>,
-        delay: Duration,
-        timeout: Duration,
-    ) {
-        let sends = Arc::clone(&self.sends);
-        let seen = sends.load(std::sync::atomic::Ordering::Relaxed);
-        let clients = self.clients.clone();
-        let (target, raft_addr) = (self.target, self.raft_addr.clone());
-        tokio::spawn(async move {
-            tokio::time::sleep(delay).await;
-            if sends.load(std::sync::atomic::Ordering::Relaxed) != seen {
-                return;
-            }
-            metrics::counter!("ankusa_commit_only_appends_sent_late_total").increment(1);
-            let answer: Result<
-                Result<AppendEntriesResponse<NodeId>, RaftError<NodeId>>,
-                PeerError,
-            > = clients
-                .call(target, &raft_addr, PeerMethod::AppendEntries, &rpc, timeout)
-                .await;
-            if let Err(e) = answer {
-                tracing::debug!(target, error = %e, "a late commit-only AppendEntries failed");
-            }
-        });
-    }
-
     async fn rpc<Req, Resp, E>(
         &self,
         method: PeerMethod,
@@ -570,61 +485,17 @@ fn too_large(rpc: &AppendEntriesRequest<TypeConfig>) -> Option<openraft::error::
 }
 
 impl RaftNetwork<TypeConfig> for PeerConnection {
-    /// Tells the follower a commit index no higher than this node's durable log: a leader
-    /// counts its own entries before they are fsynced, and a follower that applied an entry
-    /// the leader then lost in a crash would keep an answer the fleet forgot.
-    ///
-    /// openraft 0.9.25 follows every commit with an `AppendEntries` without entries that
-    /// only carries the new commit index, a frame each way and a wake-up on both nodes per
-    /// entry per follower. It is answered `Success` here when the follower accepted, under
-    /// the same vote, the entries this one starts after, less than `COMMIT_ONLY_FRESH`
-    /// (10 ms, at most half the heartbeat interval) ago: the answer only repeats what the
-    /// follower said (it holds that log id, durably, under that vote), and openraft moves
-    /// nothing on a heartbeat's answer but its clock. The request itself goes out
-    /// `COMMIT_ONLY_CATCH_UP` (2 ms) later unless another `AppendEntries` to that follower
-    /// went first (under load: the next entry, which carries the commit index), so a
-    /// follower learns a commit at most ~2 ms later than before. A follower's applied state
-    /// matters to its local fallback answers (fallback.md), not to its fleet answers, which
-    /// come from the leader.
+    /// Sent as it is: the commit clamp and the commit-only shortcut are
+    /// `raft::durability::network`'s, around this transport.
     async fn append_entries(
         &mut self,
-        mut rpc: AppendEntriesRequest<TypeConfig>,
+        rpc: AppendEntriesRequest<TypeConfig>,
         option: RPCOption,
     ) -> RpcResult<AppendEntriesResponse<NodeId>, openraft::error::Infallible> {
-        rpc.leader_commit = self.clients.durable.clamp_commit(rpc.leader_commit);
-        if let (Some(accepted), Some(commit_only)) = (self.accepted, &self.clients.commit_only) {
-            if rpc.entries.is_empty()
-                && accepted.vote == rpc.vote
-                && accepted.last == rpc.prev_log_id
-                && accepted.sent_at.elapsed() < commit_only.fresh
-            {
-                metrics::counter!("ankusa_commit_only_appends_answered_here_total").increment(1);
-                self.catch_up_later(rpc, commit_only.catch_up, option.hard_ttl());
-                return Ok(AppendEntriesResponse::Success);
-            }
-        }
         if let Some(too_large) = too_large(&rpc) {
             return Err(RPCError::PayloadTooLarge(too_large));
         }
-        self.sends
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let sent = Accepted {
-            vote: rpc.vote,
-            last: rpc
-                .entries
-                .last()
-                .map(|entry| entry.log_id)
-                .or(rpc.prev_log_id),
-            sent_at: std::time::Instant::now(),
-        };
-        // Forgotten first: openraft drops this future when it times out.
-        self.accepted = None;
-        let response = self.rpc(PeerMethod::AppendEntries, &rpc, &option).await;
-        self.accepted = match &response {
-            Ok(AppendEntriesResponse::Success) => Some(sent),
-            _ => None,
-        };
-        response
+        self.rpc(PeerMethod::AppendEntries, &rpc, &option).await
     }
 
     async fn install_snapshot(

@@ -223,24 +223,17 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         Ok((applied.last_applied, applied.membership.clone()))
     }
 
-    /// Waits until the entries are durable in this node's log first: a leader reports its
-    /// own entries to openraft before they are (see [`crate::raft::log_store`]), and an
-    /// applied entry is an answer, a snapshot and a local read.
+    /// Waits until the entries are durable in this node's log first (the durability rule's
+    /// part 3, [`crate::raft::durability`]): an applied entry is an answer, a snapshot and
+    /// a local read.
     async fn apply<I>(&mut self, entries: I) -> Result<Vec<FleetResponse>, StorageError>
     where
         I: IntoIterator<Item = Entry> + Send,
     {
         let entries: Vec<Entry> = entries.into_iter().collect();
-        if let Some(last) = entries.last() {
-            let started = std::time::Instant::now();
-            self.inner
-                .durable
-                .wait_for(last.log_id.index)
-                .await
-                .map_err(|e| StorageIOError::write_logs(&e))?;
-            metrics::histogram!("ankusa_apply_durable_wait_seconds")
-                .record(started.elapsed().as_secs_f64());
-        }
+        crate::raft::durability::wait_to_apply(&self.inner.durable, &entries)
+            .await
+            .map_err(|e| StorageIOError::write_logs(&e))?;
         let mut applied = self.lock();
         let mut responses = Vec::with_capacity(entries.len());
         for entry in entries {

@@ -1,187 +1,131 @@
-//! How far this node's log is on disk, for everything that must not run ahead of it.
+//! The durability rule of the commit pipeline, in one place.
 //!
-//! The log store reports a leader's own new entries to openraft before they are fsynced
-//! (so the leader replicates while it flushes; see docs/storage.md, "The leader's early
-//! flush report"). openraft then counts the leader's copy towards a quorum early, so
-//! nothing that makes a commit visible may trust openraft's idea of the leader's log; it
-//! waits on this mark instead:
-//! - the state machine applies an entry only once it is durable here (no answer, no
-//!   snapshot, no local read sees it before);
-//! - an `AppendEntries` tells a follower a commit index no higher than this mark.
+//! **The rule.** An entry is visible (applied, answered, in a snapshot, counted as
+//! committed by a follower) only once it is on this node's disk, although the leader tells
+//! openraft otherwise. Three parts hold it together; whoever changes one must keep the
+//! other two:
+//!
+//! 1. **Early report** ([`reports_early`], used by `raft::log_store`'s `append`): the
+//!    leader's own new entries are reported to openraft as flushed at once, so it
+//!    replicates them while its writer fsyncs them. openraft then counts the leader's copy
+//!    towards a quorum before it is durable.
+//! 2. **Commit clamp** ([`network::DurableNetwork`]): the commit index a leader sends a
+//!    follower is never past the leader's [`DurableLog`] mark. Without it a follower could
+//!    apply an entry the leader then lost in a crash, and keep an answer the fleet forgot.
+//!    The same wrapper answers commit-only `AppendEntries` itself (openraft 0.9.25 sends
+//!    one after every commit, to every follower) when it only repeats what the follower
+//!    just accepted.
+//! 3. **Apply wait** ([`wait_to_apply`], used by `raft::state_machine`): the state machine
+//!    applies an entry only once the mark reached it, so no answer, snapshot or local read
+//!    sees an entry the leader's disk does not hold.
+//!
+//! A restarted leader never resumes its old term (`raft::log_store`'s `read_vote`), since
+//! the entries it reported early may be gone. A failed write fails the mark for good:
+//! every wait after it fails, and nothing past the last durable entry is ever applied.
 
-use std::sync::Arc;
+mod mark;
+pub mod network;
 
-use tokio::sync::watch;
+pub(crate) use mark::DurableMark;
+pub use mark::{DurableLog, NotDurable};
 
-use crate::raft::LogId;
+use crate::raft::{Entry, NodeId};
 
-/// The writer's latest word on the log.
-#[derive(Clone, Debug, PartialEq, Eq)]
-enum Mark {
-    /// Every entry up to this log id is fsynced (`None`: the log is empty).
-    Upto(Option<LogId>),
-    /// A write failed: nothing after the last good mark will ever be durable.
-    Failed(Arc<str>),
+/// Part 1: whether `entries` appended under `vote` on node `node_id` are reported to
+/// openraft before their fsync: only a committed vote of this node's own (it leads the
+/// term) and only entries made under that leadership.
+pub fn reports_early(
+    vote: Option<openraft::Vote<NodeId>>,
+    node_id: NodeId,
+    entries: &[Entry],
+) -> bool {
+    vote.is_some_and(|vote| {
+        vote.is_committed()
+            && vote.leader_id().voted_for() == Some(node_id)
+            && entries
+                .iter()
+                .all(|entry| entry.log_id.leader_id == *vote.leader_id())
+    })
 }
 
-/// Moves the mark: held by the log store and its writer thread.
-#[derive(Clone)]
-pub(crate) struct DurableMark {
-    sender: Arc<watch::Sender<Mark>>,
-}
-
-impl DurableMark {
-    /// A mark at `last` (the log as it was found on disk).
-    pub(crate) fn new(last: Option<LogId>) -> Self {
-        let (sender, _) = watch::channel(Mark::Upto(last));
-        Self {
-            sender: Arc::new(sender),
-        }
-    }
-
-    /// Everything up to `last` is durable now (after an append, or a truncation that cut
-    /// the log back to `last`). A failed mark stays failed.
-    pub(crate) fn set(&self, last: Option<LogId>) {
-        self.sender.send_if_modified(|mark| match mark {
-            Mark::Upto(current) if *current != last => {
-                *current = last;
-                true
-            }
-            _ => false,
-        });
-    }
-
-    /// Moves the mark up to `last` if it is below `index` (the log was purged past it: a
-    /// snapshot replaced what the log held). A failed mark stays failed.
-    pub(crate) fn raise_to(&self, index: u64, last: Option<LogId>) {
-        self.sender.send_if_modified(|mark| match mark {
-            Mark::Upto(current) if current.is_none_or(|current| current.index < index) => {
-                *current = last;
-                true
-            }
-            _ => false,
-        });
-    }
-
-    /// A write failed: every wait from now on fails with `reason`.
-    pub(crate) fn fail(&self, reason: &str) {
-        self.sender.send_replace(Mark::Failed(Arc::from(reason)));
-    }
-
-    /// A read side for the state machine and the peer traffic.
-    pub(crate) fn reader(&self) -> DurableLog {
-        DurableLog {
-            mark: self.sender.subscribe(),
-        }
-    }
-}
-
-/// The log writer failed: what has not been made durable never will be.
-#[derive(Clone, Debug, thiserror::Error)]
-#[error("the raft log could not be made durable: {0}")]
-pub struct NotDurable(Arc<str>);
-
-/// The read side of the durable mark (cheap to clone).
-#[derive(Clone, Debug)]
-pub struct DurableLog {
-    mark: watch::Receiver<Mark>,
-}
-
-impl DurableLog {
-    /// The last log id known to be on disk, if any and if no write has failed.
-    pub fn last(&self) -> Option<LogId> {
-        match &*self.mark.borrow() {
-            Mark::Upto(last) => *last,
-            Mark::Failed(_) => None,
-        }
-    }
-
-    /// Waits until the entry at `index` (and every one before it) is durable.
-    ///
-    /// # Errors
-    /// When a write failed first: that entry may never reach the disk.
-    pub async fn wait_for(&self, index: u64) -> Result<(), NotDurable> {
-        let mut mark = self.mark.clone();
-        let reached = mark
-            .wait_for(|mark| match mark {
-                Mark::Upto(last) => last.is_some_and(|last| last.index >= index),
-                Mark::Failed(_) => true,
-            })
-            .await;
-        match reached.as_deref() {
-            Ok(Mark::Upto(_)) => Ok(()),
-            Ok(Mark::Failed(reason)) => Err(NotDurable(Arc::clone(reason))),
-            Err(_) => Err(NotDurable(Arc::from("the log writer is gone"))),
-        }
-    }
-
-    /// The commit index a leader may tell its followers: `committed`, or the durable mark
-    /// if that is at a lower index (the mark is always an id in this node's own log).
-    pub fn clamp_commit(&self, committed: Option<LogId>) -> Option<LogId> {
-        match (committed, self.last()) {
-            (Some(committed), Some(durable)) if committed.index <= durable.index => Some(committed),
-            (Some(_), durable) => durable,
-            (None, _) => None,
-        }
-    }
-
-    /// A mark that is always far enough, for tests of code that takes one but writes no log.
-    #[cfg(test)]
-    pub(crate) fn everything() -> Self {
-        let last = LogId::new(openraft::CommittedLeaderId::new(u64::MAX, 0), u64::MAX);
-        DurableMark::new(Some(last)).reader()
-    }
+/// Part 3: waits until the last of `entries` is durable in this node's log (and so every
+/// one before it), recording how long that took.
+///
+/// # Errors
+/// When a log write failed first: those entries may never reach the disk.
+pub async fn wait_to_apply(durable: &DurableLog, entries: &[Entry]) -> Result<(), NotDurable> {
+    let Some(last) = entries.last() else {
+        return Ok(());
+    };
+    let started = std::time::Instant::now();
+    durable.wait_for(last.log_id.index).await?;
+    metrics::histogram!("ankusa_apply_durable_wait_seconds")
+        .record(started.elapsed().as_secs_f64());
+    Ok(())
 }
 
 #[cfg(test)]
 mod tests {
+    use openraft::{CommittedLeaderId, EntryPayload, LogId, Vote};
+
     use super::*;
 
-    fn log_id(term: u64, index: u64) -> LogId {
-        LogId::new(openraft::CommittedLeaderId::new(term, 1), index)
+    fn entry(term: u64, leader: NodeId, index: u64) -> Entry {
+        Entry {
+            log_id: LogId::new(CommittedLeaderId::new(term, leader), index),
+            payload: EntryPayload::Blank,
+        }
     }
 
+    /// Only the current leader's own entries are reported early: not a follower's copy,
+    /// not under an uncommitted vote, not entries of an earlier term.
     #[test]
-    fn the_commit_sent_is_capped_at_the_durable_mark_by_index() {
-        let mark = DurableMark::new(Some(log_id(2, 5)));
-        let durable = mark.reader();
-        assert_eq!(durable.clamp_commit(Some(log_id(2, 4))), Some(log_id(2, 4)));
-        assert_eq!(durable.clamp_commit(Some(log_id(2, 5))), Some(log_id(2, 5)));
-        assert_eq!(durable.clamp_commit(Some(log_id(3, 7))), Some(log_id(2, 5)));
-        assert_eq!(durable.clamp_commit(None), None);
-        mark.fail("disk gone");
-        assert_eq!(
-            durable.clamp_commit(Some(log_id(2, 4))),
-            None,
-            "nothing after a failure"
+    fn only_the_leaders_own_entries_of_its_term_are_reported_early() {
+        let leading = Some(Vote::new_committed(3, 1));
+        assert!(reports_early(leading, 1, &[entry(3, 1, 7), entry(3, 1, 8)]));
+        assert!(!reports_early(leading, 2, &[entry(3, 1, 7)]), "a follower");
+        assert!(
+            !reports_early(leading, 1, &[entry(2, 1, 6), entry(3, 1, 7)]),
+            "an entry of an older term"
         );
+        assert!(
+            !reports_early(Some(Vote::new(3, 1)), 1, &[entry(3, 1, 7)]),
+            "a candidate's vote"
+        );
+        assert!(!reports_early(None, 1, &[entry(3, 1, 7)]), "no vote");
     }
 
-    #[test]
-    fn a_purge_past_the_mark_raises_it_and_a_purge_below_leaves_it() {
-        let mark = DurableMark::new(Some(log_id(1, 3)));
-        let durable = mark.reader();
-        mark.raise_to(2, Some(log_id(1, 2)));
-        assert_eq!(durable.last(), Some(log_id(1, 3)), "purged below the mark");
-        mark.raise_to(10, Some(log_id(2, 10)));
-        assert_eq!(durable.last(), Some(log_id(2, 10)), "purged past it");
-    }
-
+    /// Apply waits for the mark, and a failed write fails the wait.
     #[tokio::test]
-    async fn a_failed_write_fails_every_wait() {
+    async fn apply_waits_for_the_mark_and_fails_with_it() {
+        use futures::FutureExt;
+
         let mark = DurableMark::new(None);
         let durable = mark.reader();
+        assert!(
+            wait_to_apply(&durable, &[]).now_or_never().is_some(),
+            "nothing to wait for"
+        );
+        let entries = [entry(1, 1, 1), entry(1, 1, 2)];
+        let mut waiting = Box::pin(wait_to_apply(&durable, &entries));
+        assert!(
+            (&mut waiting).now_or_never().is_none(),
+            "nothing is durable yet"
+        );
+        mark.set(Some(entries[0].log_id));
+        assert!(
+            (&mut waiting).now_or_never().is_none(),
+            "only the first entry is"
+        );
+        mark.set(Some(entries[1].log_id));
+        assert!(waiting.await.is_ok());
+
+        let later = [entry(1, 1, 3)];
         let waiting = tokio::spawn({
             let durable = durable.clone();
-            async move { durable.wait_for(1).await }
+            async move { wait_to_apply(&durable, &later).await }
         });
         mark.fail("disk gone");
-        let result = waiting.await.expect("the wait ends");
-        assert!(result.is_err(), "a wait after a failed write: {result:?}");
-        mark.set(Some(log_id(1, 1)));
-        assert!(
-            durable.wait_for(1).await.is_err(),
-            "a failed mark stays failed"
-        );
+        assert!(waiting.await.expect("the wait ends").is_err());
     }
 }

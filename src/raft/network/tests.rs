@@ -166,12 +166,7 @@ async fn serve(mode: Mode) -> (Stub, String) {
 }
 
 fn clients() -> PeerClients {
-    PeerClients::new(
-        "test-cluster",
-        1,
-        Faults::new(false),
-        DurableLog::everything(),
-    )
+    PeerClients::new("test-cluster", 1, Faults::new(false))
 }
 
 const DEADLINE: Duration = Duration::from_secs(10);
@@ -337,132 +332,19 @@ async fn accepting_follower() -> (Stub, MemberNode) {
     (stub, node)
 }
 
-/// openraft follows every commit with an empty `AppendEntries` that only carries the new
-/// commit index. Right after the follower accepted the entries it starts after, under the
-/// same vote, that one is answered here and sent later only if no other one went out
-/// meanwhile; anything else goes out at once.
+/// The plain transport sends every `AppendEntries` as it is, a commit-only one included:
+/// answering those here is `raft::durability::network`'s, around it.
 #[tokio::test]
-async fn a_commit_only_append_right_after_an_accepted_one_is_answered_here_and_sent_late() {
+async fn every_append_goes_out_as_it_is() {
     let (stub, node) = accepting_follower().await;
-    let clients = clients().answering_commit_only(Duration::from_millis(50));
-    let windows =
-        |clients: &PeerClients| clients.commit_only.as_ref().map(|c| (c.fresh, c.catch_up));
-    assert_eq!(
-        windows(&clients),
-        Some((COMMIT_ONLY_FRESH, COMMIT_ONLY_CATCH_UP)),
-        "10 ms when the heartbeat allows it"
-    );
-    let half_beat = clients
-        .clone()
-        .answering_commit_only(Duration::from_millis(8));
-    assert_eq!(
-        windows(&half_beat).map(|(fresh, _)| fresh),
-        Some(Duration::from_millis(4)),
-        "never more than half a heartbeat"
-    );
-    // A loaded test machine may take longer than 10 ms for a round trip, and the late send
-    // is checked on its own below: here the window is long and the late send never comes.
-    let with = |fresh: Duration, catch_up: Duration| {
-        let mut clients = clients.clone();
-        clients.commit_only = Some(CommitOnly { fresh, catch_up });
-        clients
-    };
-    let mut peer = with(DEADLINE, DEADLINE * 10).new_client(2, &node).await;
-    let sent = || stub.frames.load(Ordering::SeqCst);
-
+    let mut peer = clients().new_client(2, &node).await;
     append_ok(&mut peer, 1, 4, &[5, 6]).await;
-    assert_eq!(sent(), 1);
     append_ok(&mut peer, 1, 6, &[]).await;
+    assert_eq!(stub.frames.load(Ordering::SeqCst), 2);
     assert_eq!(
-        sent(),
-        1,
-        "the commit-only append after entries up to 6 is answered here"
-    );
-    append_ok(&mut peer, 1, 5, &[]).await;
-    assert_eq!(
-        sent(),
-        2,
-        "one that does not match what the follower accepted goes out"
-    );
-    append_ok(&mut peer, 2, 5, &[]).await;
-    assert_eq!(sent(), 3, "so does one under another vote");
-    append_ok(&mut peer, 2, 5, &[]).await;
-    assert_eq!(sent(), 3, "a repeat of the one just accepted does not");
-
-    let mut peer = with(Duration::ZERO, DEADLINE * 10)
-        .new_client(2, &node)
-        .await;
-    append_ok(&mut peer, 2, 5, &[6]).await;
-    append_ok(&mut peer, 2, 6, &[]).await;
-    assert_eq!(
-        sent(),
-        5,
-        "once the last acceptance is older than the window, it goes out"
-    );
-
-    let mut peer = self::clients().new_client(2, &node).await;
-    append_ok(&mut peer, 2, 6, &[7]).await;
-    append_ok(&mut peer, 2, 7, &[]).await;
-    assert_eq!(sent(), 7, "clients not told to answer them send every one");
-
-    let mut peer = with(DEADLINE, Duration::from_millis(1))
-        .new_client(2, &node)
-        .await;
-    append_ok(&mut peer, 2, 7, &[8]).await;
-    append_ok(&mut peer, 2, 8, &[]).await;
-    wait_until("the late send never came", || sent() >= 9).await;
-    assert_eq!(
-        sent(),
-        9,
-        "answered here, then sent once the catch-up delay passed"
-    );
-}
-
-/// Waits (with the test's deadline) until `done` holds; panics with `what` if it never does.
-async fn wait_until(what: &str, done: impl Fn() -> bool) {
-    let deadline = tokio::time::Instant::now() + DEADLINE;
-    while !done() {
-        assert!(tokio::time::Instant::now() < deadline, "{what}");
-        tokio::time::sleep(Duration::from_millis(1)).await;
-    }
-}
-
-/// A commit-only `AppendEntries` answered here is not sent late when another one went to
-/// that follower first: that one carried a commit index at least as new.
-#[tokio::test]
-async fn a_late_commit_only_append_is_dropped_when_another_went_first() {
-    let (stub, node) = accepting_follower().await;
-    // A catch-up delay far longer than the test's next call takes even on a loaded machine:
-    // the first late send must find that call already gone out.
-    let mut clients = clients();
-    clients.commit_only = Some(CommitOnly {
-        fresh: DEADLINE,
-        catch_up: Duration::from_secs(2),
-    });
-    let mut peer = clients.new_client(2, &node).await;
-    let sent = || stub.frames.load(Ordering::SeqCst);
-
-    append_ok(&mut peer, 2, 8, &[9]).await;
-    append_ok(&mut peer, 2, 9, &[]).await;
-    assert_eq!(sent(), 1, "the commit-only append is answered here");
-    append_ok(&mut peer, 2, 9, &[10]).await;
-    assert_eq!(sent(), 2, "entries go out at once");
-    // This one's late send is due after the first one's: once it arrived, the first one's
-    // had its turn too.
-    append_ok(&mut peer, 2, 10, &[]).await;
-    let commit_only_after = |prev: u64| {
-        let appends = stub.appends.lock().expect("appends");
-        appends.contains(&(prev, 0))
-    };
-    let late = "the second commit-only append was never sent late";
-    wait_until(late, || commit_only_after(10)).await;
-    // One more round trip on the same ordered stream: anything written before its answer
-    // has been taken.
-    append_ok(&mut peer, 2, 10, &[11]).await;
-    assert!(
-        !commit_only_after(9),
-        "the first commit-only append went out late although entries went first: {:?}",
-        stub.appends.lock().expect("appends")
+        *stub.appends.lock().expect("appends"),
+        vec![(4, 2), (6, 0)],
+        "(prev index, entries) as sent"
     );
 }
 
