@@ -110,8 +110,8 @@ async fn claims(node: &Node) -> Result<(), NodeError> {
     Ok(())
 }
 
-/// The command a queued settle becomes: a commit may replace a late pending claim of this
-/// same node (see [`Command::ReconcileCommit`]); a release is an ordinary release.
+/// The command a queued settle becomes: a commit wins over a pending claim of another
+/// hook (see [`Command::ReconcileCommit`]); a release is an ordinary release.
 fn settle_command(queued: &QueuedSettle, node_id: u64) -> Command {
     match queued.outcome {
         SettleOutcome::Commit => Command::ReconcileCommit {

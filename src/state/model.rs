@@ -158,12 +158,11 @@ pub enum Command {
     },
     /// SPEC section 10: forget the tenant's hooks and bytes buckets.
     Reset { tenant: TenantId },
-    /// A commit the node queued while cut off, applied by reconciliation (SPEC section 7).
-    /// Like a settle commit, except that a claim held *pending* for another hook by the
-    /// same node is replaced: that pending claim can only be a late commit of a hit the
-    /// node already answered locally, while this commit means the hook is stored. Losing
-    /// the commit would let a redelivery of a stored hook through; keeping both at worst
-    /// delivers twice.
+    /// A commit the node queued while cut off, applied by reconciliation (contract §7).
+    /// Like a settle commit, except that it wins over a claim held *pending* for another
+    /// hook, whichever node took it: this commit means the hook is stored, so losing it
+    /// would let a redelivery of a stored hook through, while the other hook's later commit
+    /// answers `conflict` (delivered twice at worst, never lost).
     ReconcileCommit {
         key: ClaimKey,
         hook_id: HookId,

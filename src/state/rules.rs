@@ -65,10 +65,10 @@ fn reconcile_commit(
     node: NodeId,
     now_us: u64,
 ) -> SettleAnswer {
-    let own_late_pending = state.claim(key).is_some_and(|record| {
-        record.state == ClaimState::Pending && record.node == node && record.hook_id != *hook_id
-    });
-    if own_late_pending {
+    let pending_for_another = state
+        .claim(key)
+        .is_some_and(|record| record.state == ClaimState::Pending && record.hook_id != *hook_id);
+    if pending_for_another {
         state.remove_claim(key);
     }
     commit(state, key, hook_id, ttl_ms, node, now_us)

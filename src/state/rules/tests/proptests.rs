@@ -78,12 +78,11 @@ impl Model {
                 ttl_ms,
                 node,
             } => {
-                let own_late_pending = self.claim(key).is_some_and(|record| {
-                    record.state == ClaimState::Pending
-                        && record.node == *node
-                        && record.hook_id != *hook_id
+                // Contract §7: a late queued commit wins over another hook's pending claim.
+                let pending_for_another = self.claim(key).is_some_and(|record| {
+                    record.state == ClaimState::Pending && record.hook_id != *hook_id
                 });
-                if own_late_pending {
+                if pending_for_another {
                     self.claims.remove(key);
                 }
                 Answer::Settle(self.commit(key, hook_id, *ttl_ms, *node))
