@@ -14,7 +14,7 @@
 //! it hands over the encoded live set, which the flusher writes to a new file and swaps in
 //! atomically (write, fsync, rename, fsync the directory).
 //!
-//! Record layout: `len: u32 LE`, `crc32(body): u32 LE`, `body` = bincode of
+//! Records are framed by [`crate::storage::record`]; a body is the bincode of
 //! `(ClaimKey, Option<ClaimRecord>)`.
 //!
 //! This replaced a sled tree: sled's per-insert work was over half of a node-scope hit's
@@ -22,7 +22,7 @@
 
 use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
-use std::io::{BufReader, Read, Write};
+use std::io::{BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
@@ -31,11 +31,10 @@ use std::time::{Duration, Instant};
 use crate::codec;
 use crate::lock::lock;
 use crate::state::{ClaimKey, ClaimRecord};
+use crate::storage::record::{self, Stop};
 
 /// A journal smaller than this is never compacted while running.
 const COMPACT_BYTES_MIN: u64 = 64 * 1024 * 1024;
-/// Bytes of a record's header (length and checksum).
-const HEADER_BYTES: usize = 8;
 /// A record longer than this is corrupt (the longest valid one is a few KiB).
 const RECORD_BYTES_MAX: usize = 1024 * 1024;
 /// The flusher syncs at most once per interval. Without it, it synced back to back, and at
@@ -53,6 +52,8 @@ pub enum JournalError {
     },
     #[error("claim journal record: {0}")]
     Codec(#[from] codec::CodecError),
+    #[error("claim journal record: {0}")]
+    TooLarge(#[from] record::TooLarge),
     #[error("claim journal {path} stopped after a write failed: {reason}")]
     Failed { path: PathBuf, reason: String },
 }
@@ -382,10 +383,7 @@ fn encode_record(
     record: Option<&ClaimRecord>,
 ) -> Result<(), JournalError> {
     let body = codec::encode(&(key, record))?;
-    let len = u32::try_from(body.len()).unwrap_or(u32::MAX);
-    out.extend_from_slice(&len.to_le_bytes());
-    out.extend_from_slice(&crc32fast::hash(&body).to_le_bytes());
-    out.extend_from_slice(&body);
+    record::push(out, &[&body])?;
     Ok(())
 }
 
@@ -406,14 +404,6 @@ struct Replayed {
     damaged: bool,
 }
 
-/// Why a record could not be read.
-enum RecordError {
-    /// Torn or corrupt: the replay ends here, the records before it stand.
-    Damaged(String),
-    /// The file could not be read: nothing can be concluded, opening fails.
-    Io(std::io::Error),
-}
-
 /// Reads every whole, intact record of `path` (a missing file is empty); the last record
 /// of a key wins; claims expired at `now_us` are left out. A torn or corrupt record ends
 /// the replay: it and everything after it are reported and dropped. An I/O error is not
@@ -429,24 +419,29 @@ fn replay(path: &Path, now_us: u64) -> std::io::Result<Replayed> {
         }
         Err(e) => return Err(e),
     };
-    let mut reader = BufReader::with_capacity(1 << 20, file);
+    let mut records =
+        record::Records::new(BufReader::with_capacity(1 << 20, file), RECORD_BYTES_MAX);
     let mut claims: HashMap<ClaimKey, ClaimRecord> = HashMap::new();
-    let mut offset = 0u64;
-    let mut header = [0u8; HEADER_BYTES];
-    let mut body = Vec::new();
     let mut damaged = false;
     loop {
-        match read_record(&mut reader, &mut header, &mut body) {
-            Ok(Some(())) => {}
-            Ok(None) => break,
-            Err(RecordError::Io(e)) => return Err(e),
-            Err(RecordError::Damaged(reason)) => {
+        let offset = records.offset();
+        let body = match records.next_body()? {
+            Ok(body) => body,
+            Err(Stop::End) => break,
+            Err(Stop::Zeros) => {
+                // Never written by the journal (its records are never empty): a crash that
+                // left allocated but unwritten blocks.
+                tracing::warn!(path = %path.display(), offset, "claim journal: dropped a tail of zeros");
+                damaged = true;
+                break;
+            }
+            Err(Stop::Torn(reason)) => {
                 tracing::warn!(path = %path.display(), offset, reason, "claim journal: dropped a torn or corrupt tail");
                 damaged = true;
                 break;
             }
-        }
-        match codec::decode::<(ClaimKey, Option<ClaimRecord>)>(&body) {
+        };
+        match codec::decode::<(ClaimKey, Option<ClaimRecord>)>(body) {
             Ok((key, Some(record))) => {
                 claims.insert(key, record);
             }
@@ -460,7 +455,6 @@ fn replay(path: &Path, now_us: u64) -> std::io::Result<Replayed> {
                 break;
             }
         }
-        offset += (HEADER_BYTES + body.len()) as u64;
     }
     Ok(Replayed {
         claims: claims
@@ -469,43 +463,6 @@ fn replay(path: &Path, now_us: u64) -> std::io::Result<Replayed> {
             .collect(),
         damaged,
     })
-}
-
-/// One record into `body`: `Some` when whole and intact, `None` at a clean end of file.
-fn read_record(
-    reader: &mut impl Read,
-    header: &mut [u8; HEADER_BYTES],
-    body: &mut Vec<u8>,
-) -> Result<Option<()>, RecordError> {
-    let damaged = |reason: &str| RecordError::Damaged(reason.to_owned());
-    let mut filled = 0;
-    while filled < HEADER_BYTES {
-        match reader.read(&mut header[filled..]) {
-            Ok(0) if filled == 0 => return Ok(None),
-            Ok(0) => return Err(damaged("a record header was cut short")),
-            Ok(n) => filled += n,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(RecordError::Io(e)),
-        }
-    }
-    let [l0, l1, l2, l3, c0, c1, c2, c3] = *header;
-    let len = u32::from_le_bytes([l0, l1, l2, l3]) as usize;
-    let crc = u32::from_le_bytes([c0, c1, c2, c3]);
-    if len > RECORD_BYTES_MAX {
-        return Err(RecordError::Damaged(format!("a record claims {len} bytes")));
-    }
-    body.resize(len, 0);
-    match reader.read_exact(body) {
-        Ok(()) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
-            return Err(damaged("a record body was cut short"))
-        }
-        Err(e) => return Err(RecordError::Io(e)),
-    }
-    if crc32fast::hash(body) != crc {
-        return Err(damaged("a record failed its checksum"));
-    }
-    Ok(Some(()))
 }
 
 #[cfg(test)]

@@ -4,9 +4,9 @@
 //! fsynced, then renamed into place; the next one is made ahead on a thread of its own) so
 //! that appending to it is a `pwrite` and an
 //! `fdatasync` that has no file size or block allocation to record: one device flush, no
-//! metadata write. A record is `[body length: u32 LE][CRC-32 of body: u32 LE][body]`; the
-//! body is a kind byte and the encoded value: an entry, or the committed log id. A zero
-//! length ends a segment's records.
+//! metadata write. Records are framed by [`crate::storage::record`]; a body is a kind
+//! byte and the encoded value: an entry, or the committed log id. A zero length ends a
+//! segment's records.
 //!
 //! Replay at open reads every segment from the start and keeps records while their length
 //! fits the file and their checksum holds. In the last segment the first record that fails
@@ -32,10 +32,10 @@ use std::thread::JoinHandle;
 use super::{decode_as, encode_as, LogStoreError, Result};
 use crate::lock::{lock, try_lock};
 use crate::raft::{Entry, LogId};
+use crate::storage::record;
 
 /// Size a segment is created with (zeros); a segment rolls over once its records reach it.
 pub(super) const SEGMENT_BYTES: u64 = 16 * 1024 * 1024;
-const HEADER_BYTES: u64 = 8;
 pub(super) const KIND_ENTRY: u8 = 0;
 const KIND_COMMITTED: u8 = 1;
 const SUFFIX: &str = ".wal";
@@ -159,35 +159,19 @@ fn write_zeros(file: &File, from: u64, to: u64) -> io::Result<()> {
     Ok(())
 }
 
-/// Appends one record (header and body) to `buf`.
+/// Appends one record (the kind byte, then `payload`) to `buf`.
 pub(super) fn push_record(buf: &mut Vec<u8>, kind: u8, payload: &[u8]) -> Result<()> {
-    let body_len = u32::try_from(payload.len() + 1).map_err(|_| LogStoreError::RecordTooLarge {
-        len_bytes: payload.len(),
-    })?;
-    let mut hasher = crc32fast::Hasher::new();
-    hasher.update(&[kind]);
-    hasher.update(payload);
-    buf.extend_from_slice(&body_len.to_le_bytes());
-    buf.extend_from_slice(&hasher.finalize().to_le_bytes());
-    buf.push(kind);
-    buf.extend_from_slice(payload);
-    Ok(())
+    record::push(buf, &[&[kind], payload]).map_err(|e| LogStoreError::RecordTooLarge {
+        len_bytes: e.len_bytes,
+    })
 }
 
-/// One record read back: its kind and payload, and where the next one starts.
+/// One record read back: its kind and payload, and where the next one starts; `None`
+/// where the records stop (zeros, the end, or a torn or corrupt record).
 fn read_record(bytes: &[u8], at: usize) -> Option<(u8, &[u8], usize)> {
-    let header = bytes.get(at..at + HEADER_BYTES as usize)?;
-    let body_len = u32::from_le_bytes([header[0], header[1], header[2], header[3]]) as usize;
-    let crc = u32::from_le_bytes([header[4], header[5], header[6], header[7]]);
-    if body_len == 0 {
-        return None;
-    }
-    let start = at + HEADER_BYTES as usize;
-    let body = bytes.get(start..start + body_len)?;
-    if crc32fast::hash(body) != crc {
-        return None;
-    }
-    Some((body[0], &body[1..], start + body_len))
+    let (body, next) = record::read_at(bytes, at, bytes.len()).ok()?;
+    let (kind, payload) = body.split_first()?;
+    Some((*kind, payload, next))
 }
 
 impl Wal {
