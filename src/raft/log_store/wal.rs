@@ -625,3 +625,6 @@ fn check_contiguous(dir: &Path, state: &State) -> Result<()> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests;

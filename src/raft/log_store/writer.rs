@@ -286,3 +286,6 @@ fn write_loop(
         }
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,234 @@
+//! The WAL through the log store: segments roll, purge and truncate across reopens,
+//! the bytes after an index, the spare segment, and what replay does with damage.
+
+use openraft::storage::{RaftLogStorage, RaftLogStorageExt};
+use openraft::RaftLogReader;
+
+use super::*;
+use crate::raft::log_store::tests::*;
+use crate::raft::log_store::*;
+
+/// Small segments: appends roll over, reads cross segments, purge drops whole segments,
+/// truncation cuts inside one and drops the later ones, and all of it survives a reopen.
+#[tokio::test]
+async fn segments_roll_purge_and_truncate_across_reopens() {
+    let (dir, path) = scratch();
+    let wal_dir = path.with_extension("wal");
+    let segments = || segment_files(&wal_dir).len();
+    let entries: Vec<Entry> = (0..40).map(|index| request_entry(1, index)).collect();
+    {
+        let mut store =
+            LogStore::open_with_segment_bytes(&path, NODE, Faults::new(false), 256).expect("open");
+        for chunk in entries.chunks(3) {
+            store.blocking_append(chunk.to_vec()).await.expect("append");
+        }
+        assert!(
+            segments() > 3,
+            "appends rolled over: {} segments",
+            segments()
+        );
+        assert_eq!(store.try_get_log_entries(..).await.expect("read"), entries);
+        assert_eq!(
+            store.try_get_log_entries(5..33).await.expect("read"),
+            entries[5..33]
+        );
+    }
+    let before_purge = segments();
+    {
+        let mut store = LogStore::open_with_segment_bytes(&path, NODE, Faults::new(false), 256)
+            .expect("reopen");
+        assert_eq!(store.try_get_log_entries(..).await.expect("read"), entries);
+        store.purge(log_id(1, 20)).await.expect("purge");
+        assert!(segments() < before_purge, "purge dropped whole segments");
+        store.truncate(log_id(1, 30)).await.expect("truncate");
+        let replaced: Vec<Entry> = (30..35).map(|index| request_entry(2, index)).collect();
+        store
+            .blocking_append(replaced)
+            .await
+            .expect("append after truncate");
+    }
+    let mut store =
+        LogStore::open_with_segment_bytes(&path, NODE, Faults::new(false), 256).expect("reopen");
+    let mut expected = entries[21..30].to_vec();
+    expected.extend((30..35).map(|index| request_entry(2, index)));
+    assert_eq!(store.try_get_log_entries(..).await.expect("read"), expected);
+    let state = store.get_log_state().await.expect("state");
+    assert_eq!(state.last_purged_log_id, Some(log_id(1, 20)));
+    assert_eq!(state.last_log_id, Some(log_id(2, 34)));
+    drop(dir);
+}
+
+/// What the snapshot policy reads: the bytes of every record after an index, across
+/// segment boundaries and after a truncation, each entry's counted once.
+#[tokio::test]
+async fn log_bytes_count_the_records_after_an_index() {
+    let (_dir, path) = scratch();
+    let record_len = |entry: &Entry| {
+        let mut buf = Vec::new();
+        wal::push_record(
+            &mut buf,
+            wal::KIND_ENTRY,
+            &encode_as(entry, "entry").expect("encode"),
+        )
+        .expect("record");
+        buf.len() as u64
+    };
+    let after = |entries: &[Entry], index: u64| -> u64 {
+        entries
+            .iter()
+            .filter(|entry| entry.log_id.index > index)
+            .map(record_len)
+            .sum()
+    };
+    let mut store =
+        LogStore::open_with_segment_bytes(&path, NODE, Faults::new(false), 256).expect("open");
+    let bytes = store.log_bytes();
+    assert_eq!(bytes.after(None), Some(0), "an empty log");
+    let mut entries: Vec<Entry> = (1..=40).map(|index| request_entry(1, index)).collect();
+    for chunk in entries.chunks(3) {
+        store.blocking_append(chunk.to_vec()).await.expect("append");
+    }
+    assert!(
+        segment_files(&path.with_extension("wal")).len() > 3,
+        "rolled over"
+    );
+    assert_eq!(bytes.after(None), Some(after(&entries, 0)));
+    for index in [1, 7, 20, 39] {
+        assert_eq!(
+            bytes.after(Some(index)),
+            Some(after(&entries, index)),
+            "after {index}"
+        );
+    }
+    assert_eq!(bytes.after(Some(40)), Some(0));
+    assert_eq!(bytes.after(Some(u64::MAX)), Some(0));
+    store.truncate(log_id(1, 30)).await.expect("truncate");
+    entries.truncate(29);
+    let replaced: Vec<Entry> = (30..=33).map(|index| request_entry(2, index)).collect();
+    store
+        .blocking_append(replaced.clone())
+        .await
+        .expect("append");
+    entries.extend(replaced);
+    assert_eq!(bytes.after(Some(25)), Some(after(&entries, 25)));
+}
+
+/// The next segment's file is made ahead (zeros, fsynced) and becomes the new segment
+/// when the log rolls over: the very file, not a copy.
+#[tokio::test]
+async fn the_next_segment_is_made_ahead_and_taken_when_the_log_rolls() {
+    use std::os::unix::fs::MetadataExt;
+    let (_dir, path) = scratch();
+    let wal_dir = path.with_extension("wal");
+    let spare = wal_dir.join("next-segment.spare");
+    let mut store =
+        LogStore::open_with_segment_bytes(&path, NODE, Faults::new(false), 256).expect("open");
+    store
+        .blocking_append(vec![request_entry(1, 0)])
+        .await
+        .expect("append");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while !spare.exists() {
+        assert!(std::time::Instant::now() < deadline, "no spare was made");
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    let spare_inode = std::fs::metadata(&spare).expect("spare").ino();
+    let before = segment_files(&wal_dir);
+    let mut next = 1;
+    while segment_files(&wal_dir).len() == before.len() {
+        assert!(next < 50, "the log never rolled over");
+        store
+            .blocking_append(vec![request_entry(1, next)])
+            .await
+            .expect("append");
+        next += 1;
+    }
+    let rolled: Vec<PathBuf> = segment_files(&wal_dir)
+        .into_iter()
+        .filter(|segment| !before.contains(segment))
+        .collect();
+    assert_eq!(rolled.len(), 1);
+    assert_eq!(
+        std::fs::metadata(&rolled[0]).expect("segment").ino(),
+        spare_inode
+    );
+    let all: Vec<Entry> = (0..next).map(|index| request_entry(1, index)).collect();
+    assert_eq!(store.try_get_log_entries(..).await.expect("read"), all);
+}
+
+/// A crash in the middle of an append leaves a torn record at the end of the last
+/// segment: the store opens with everything before it, clears the rest, and appends
+/// continue from there. The same damage anywhere but the last segment refuses to open.
+#[tokio::test]
+async fn a_torn_last_append_is_cut_and_damage_elsewhere_refuses_to_open() {
+    let (_dir, path) = scratch();
+    let wal_dir = path.with_extension("wal");
+    let entries: Vec<Entry> = (0..6).map(|index| request_entry(1, index)).collect();
+    {
+        let mut store = open_store(&path).expect("open");
+        store
+            .blocking_append(entries[..4].to_vec())
+            .await
+            .expect("append");
+        store
+            .blocking_append(entries[4..].to_vec())
+            .await
+            .expect("append");
+    }
+    let segment = wal_dir.join(format!("{:020}.wal", 0));
+    let bytes = std::fs::read(&segment).expect("read");
+    let used = bytes.iter().rposition(|byte| *byte != 0).expect("records") + 1;
+    // Flip a byte inside the last record: its checksum fails, as after a torn write.
+    let mut torn = bytes.clone();
+    torn[used - 3] ^= 0xff;
+    std::fs::write(&segment, &torn).expect("tear");
+    {
+        let mut store = open_store(&path).expect("open after the tear");
+        assert_eq!(
+            store.try_get_log_entries(..).await.expect("read"),
+            entries[..5],
+            "everything before the torn record"
+        );
+        store
+            .blocking_append(vec![request_entry(2, 5)])
+            .await
+            .expect("append");
+    }
+    let mut store = open_store(&path).expect("reopen");
+    let mut expected = entries[..5].to_vec();
+    expected.push(request_entry(2, 5));
+    assert_eq!(store.try_get_log_entries(..).await.expect("read"), expected);
+    drop(store);
+
+    // The same damage in a segment that is not the last one.
+    let mut damaged = std::fs::read(&segment).expect("read");
+    damaged[20] ^= 0xff;
+    std::fs::write(&segment, &damaged).expect("damage");
+    std::fs::write(wal_dir.join(format!("{:020}.wal", 6)), vec![0u8; 64]).expect("later");
+    assert!(open_store(&path).is_err(), "a hole must not be served");
+}
+
+/// A record whose checksum holds but whose entry does not continue the log is no torn
+/// write: the store refuses to open instead of cutting the log there.
+#[tokio::test]
+async fn a_sound_record_out_of_order_refuses_to_open() {
+    let (_dir, path) = scratch();
+    {
+        let mut store = open_store(&path).expect("open");
+        let entries: Vec<Entry> = (0..3).map(|index| request_entry(1, index)).collect();
+        store.blocking_append(entries).await.expect("append");
+    }
+    let segment = path.with_extension("wal").join(format!("{:020}.wal", 0));
+    let mut bytes = std::fs::read(&segment).expect("read");
+    let used = bytes.iter().rposition(|byte| *byte != 0).expect("records") + 1;
+    let mut record = Vec::new();
+    let misplaced = encode(&request_entry(1, 7)).expect("encode");
+    wal::push_record(&mut record, wal::KIND_ENTRY, &misplaced).expect("record");
+    bytes[used..used + record.len()].copy_from_slice(&record);
+    std::fs::write(&segment, &bytes).expect("write");
+    let refused = open_store(&path).expect_err("entry 7 after entry 2");
+    assert!(
+        refused.to_string().contains("entry 7 where 3 belongs"),
+        "{refused}"
+    );
+}
