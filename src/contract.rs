@@ -13,5 +13,5 @@ pub const YEAR_US: u64 = 365 * 86_400 * 1_000_000;
 pub const TTL_MS_MAX: u64 = 30 * 86_400 * 1_000;
 /// Longest check_rate window: one year.
 pub const WINDOW_MS_MAX: u64 = 365 * 86_400 * 1_000;
-/// The longest call deadline the API accepts (SPEC section 9).
+/// The longest call deadline the API accepts (contract §9).
 pub const TIMEOUT_MS_MAX: u32 = 60_000;

@@ -4,7 +4,7 @@
 //! # How a hit flows
 //!
 //! 1. The edge calls `Fleet.Hit` on its local node. [`api::FleetService`] validates the
-//!    request ([`api::validate::hit`], SPEC section 9) into a [`node::request::HitInput`].
+//!    request ([`api::validate::hit`], contract §9) into a [`node::request::HitInput`].
 //! 2. [`node::Node::hit`] routes by scope: node-scoped parts go to the
 //!    [`fallback::LocalEngine`]; fleet-scoped parts become a [`state::Command`] queued on
 //!    the [`node::propose::Proposer`].

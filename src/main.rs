@@ -10,7 +10,8 @@ use ankusa_fleet::pb::internal::AddMemberRequest;
 use ankusa_fleet::{bench, cli, server};
 
 /// mimalloc instead of glibc's malloc: the hot path allocates small buffers on one tokio
-/// worker and frees them on another, where glibc spent ~14% of all CPU (docs/benchmarks.md).
+/// worker and frees them on another, which glibc's malloc handles poorly
+/// (docs/decisions/015).
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
@@ -93,9 +94,8 @@ fn init_telemetry() {
 
 /// Turns transparent huge pages off for this process (as Redis asks of its hosts): mimalloc
 /// asks for huge pages on its arenas, and a fault on one zeroes 2 MiB on the thread that
-/// touched it, often the one applying entries. Measured at 64 callers (docs/benchmarks.md,
-/// round 7): p99 6.1–8.1 → 4.5 ms and resident memory −33 %, CPU per hit unchanged. Best
-/// effort: a kernel without the call keeps its default.
+/// touched it, often the one applying entries (docs/decisions/016). Best effort: a kernel
+/// without the call keeps its default.
 #[cfg(target_os = "linux")]
 fn disable_transparent_huge_pages() {
     // SAFETY: PR_SET_THP_DISABLE reads its integer arguments only and sets a flag on this

@@ -1,4 +1,4 @@
-//! Crash faults (SPEC section 12): kill -9 of the leader and of every node. Every answer the
+//! Crash faults (contract §12): kill -9 of the leader and of every node. Every answer the
 //! fleet gave before the kill (committed claims, spent budget) must still hold afterwards,
 //! and a restarted node catches up from its own data dir.
 

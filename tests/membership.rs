@@ -1,4 +1,4 @@
-//! Membership at run time (SPEC section 13): a node added to a running fleet catches up by
+//! Membership at run time (contract §13): a node added to a running fleet catches up by
 //! snapshot and serves; a removed node stops taking part; `voters_max` keeps extra nodes
 //! learners that still serve their edge by forwarding.
 

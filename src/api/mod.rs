@@ -25,8 +25,8 @@ use validate::{InvalidArgument, RequestDefaults};
 /// The one table from node errors to gRPC status codes.
 pub fn status_of(error: NodeError) -> Status {
     match error {
-        // Calls that can be answered locally are (SPEC section 7); what reaches here is a
-        // reset, which the fleet could not take in time (SPEC section 10), or an admin call.
+        // Calls that can be answered locally are (contract §7); what reaches here is a
+        // reset, which the fleet could not take in time (contract §10), or an admin call.
         NodeError::Unavailable { .. }
         | NodeError::Overloaded { .. }
         | NodeError::NotLeader { .. } => Status::unavailable(error.to_string()),
@@ -80,7 +80,7 @@ fn settle_response(decided: Decided<SettleAnswer>) -> pb::SettleResponse {
     }
 }
 
-/// Emits SPEC section 11's telemetry event and counts it.
+/// Emits contract §11's telemetry event and counts it.
 fn check_rate_telemetry(
     request: &pb::CheckRateRequest,
     outcome: &Result<Decided<HitAnswer>, Status>,

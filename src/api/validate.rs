@@ -125,7 +125,7 @@ fn claim(claim: &pb::Claim) -> Result<ClaimRequest, InvalidArgument> {
 /// Validates a hit.
 ///
 /// # Errors
-/// The first field that breaks SPEC section 9.
+/// The first field that breaks contract §9.
 pub fn hit(
     request: &pb::HitRequest,
     defaults: RequestDefaults,
@@ -160,7 +160,7 @@ pub fn hit(
 /// Validates a settle, resolving `ttl_ms = 0` to the node default.
 ///
 /// # Errors
-/// The first field that breaks SPEC section 9.
+/// The first field that breaks contract §9.
 pub fn settle(
     request: &pb::SettleRequest,
     defaults: RequestDefaults,
@@ -198,7 +198,7 @@ pub fn settle(
 /// Validates a reset.
 ///
 /// # Errors
-/// The first field that breaks SPEC section 9.
+/// The first field that breaks contract §9.
 pub fn reset(
     request: &pb::ResetRequest,
     defaults: RequestDefaults,
@@ -209,11 +209,11 @@ pub fn reset(
     })
 }
 
-/// Validates a check_rate and turns it into GCRA terms (SPEC section 11):
+/// Validates a check_rate and turns it into GCRA terms (contract §11):
 /// `increment_us = ceil(window_ms * 1000 / limit)`, `capacity_us = window_ms * 1000`.
 ///
 /// # Errors
-/// The first field that breaks SPEC section 9 or 11.
+/// The first field that breaks contract §9 or §11.
 pub fn check_rate(
     request: &pb::CheckRateRequest,
     defaults: RequestDefaults,

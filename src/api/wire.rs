@@ -1,5 +1,5 @@
 //! The gRPC codec of every service: prost encoding, but a request that does not decode is
-//! bad input, so it answers `INVALID_ARGUMENT` naming the field (SPEC section 9) instead of
+//! bad input, so it answers `INVALID_ARGUMENT` naming the field (contract §9) instead of
 //! tonic's default `INTERNAL`. The typical case is an id that is not UTF-8, which protobuf
 //! refuses before any handler (and `api::validate`) runs.
 

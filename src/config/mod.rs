@@ -1,4 +1,4 @@
-//! Node configuration: the TOML file format (SPEC section 15) → validation → [`NodeConfig`].
+//! Node configuration: the TOML file format (contract §15) → validation → [`NodeConfig`].
 //!
 //! Every limit the node enforces is named here with its unit and checked at start-up, so a
 //! bad file fails before the node serves anything. This module never opens sockets or files

@@ -17,8 +17,8 @@
 //! Records are framed by [`crate::storage::record`]; a body is the bincode of
 //! `(ClaimKey, Option<ClaimRecord>)`.
 //!
-//! This replaced a sled tree: sled's per-insert work was over half of a node-scope hit's
-//! CPU (docs/benchmarks.md), and its flush does not reach the disk (docs/storage.md).
+//! A file of our own, not a sled tree: sled's per-insert work is costly on the hot path and
+//! its flush does not reach the disk (docs/decisions/014).
 
 use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
@@ -37,9 +37,8 @@ use crate::storage::record::{self, Stop};
 const COMPACT_BYTES_MIN: u64 = 64 * 1024 * 1024;
 /// A record longer than this is corrupt (the longest valid one is a few KiB).
 const RECORD_BYTES_MAX: usize = 1024 * 1024;
-/// The flusher syncs at most once per interval. Without it, it synced back to back, and at
-/// 45k node-scope hits/s the syncs cost a third of the node's CPU; 1 ms took node scope
-/// from 42-46k to 52-64k hits/s (docs/benchmarks.md), for at most 1 ms more on a settle.
+/// The flusher syncs at most once per interval, so a busy node does not spend its CPU on
+/// back-to-back syncs (docs/decisions/014); a settle waits at most this much longer.
 const FLUSH_INTERVAL: Duration = Duration::from_millis(1);
 
 /// The journal could not be read or written.

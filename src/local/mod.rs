@@ -2,8 +2,8 @@
 //! index (memory, and on disk in a [`journal`] written on every change). The same rules as the fleet
 //! ([`crate::state::rules`]) run here on the node's wall clock instead of a log entry's stamp.
 //!
-//! Two engines use this: node scope (SPEC section 8, journal `node-claims.journal`) and the
-//! local fallback when the fleet does not answer in time (SPEC section 7, journal
+//! Two engines use this: node scope (contract §8, journal `node-claims.journal`) and the
+//! local fallback when the fleet does not answer in time (contract §7, journal
 //! `fallback-claims.journal`, seeded from the fleet replica, plus the [`settle_queue::SettleQueue`] and
 //! the [`ChargeLedger`] that reconciliation hands to the fleet later).
 //!
@@ -91,7 +91,7 @@ impl LocalEngine {
         (state, now_us)
     }
 
-    /// A hit decided here: charges and claim together, atomically, in the SPEC's order.
+    /// A hit decided here: charges and claim together, atomically, in the the contract's order.
     ///
     /// # Errors
     /// When the claim index cannot be written (the answer would not survive a restart).
@@ -155,11 +155,11 @@ impl LocalEngine {
         Ok(answer)
     }
 
-    /// A fallback hit (SPEC section 7): like [`LocalEngine::hit`], but buckets start from
+    /// A fallback hit (contract §7): like [`LocalEngine::hit`], but buckets start from
     /// the replica's TAT where it is later than the local one, and a live replica claim
     /// decides first (committed: duplicate; pending for another hook: pending; pending for
     /// this hook, a retry the fleet already took, and nothing here: allowed, with nothing
-    /// charged or extended, SPEC section 5). Returns the answer and whether charges were
+    /// charged or extended, contract §5). Returns the answer and whether charges were
     /// spent (for the [`ChargeLedger`]).
     ///
     /// # Errors

@@ -1,4 +1,4 @@
-//! Reconciliation (SPEC section 7): once a leader is reachable again, hand the fleet what
+//! Reconciliation (contract §7): once a leader is reachable again, hand the fleet what
 //! this node decided alone — its fallback claims, its queued settles, its local charges —
 //! so the fleet's dedupe index and budgets account for them.
 //!

@@ -1,5 +1,5 @@
 //! Settles the fleet did not take in time, kept on this node's disk until the fleet applies
-//! them (SPEC section 6: a settle is never lost, also across a restart of this node).
+//! them (contract §6: a settle is never lost, also across a restart of this node).
 //!
 //! Written and synced to the disk ([`SledDisk::flush_to_disk`]) before the edge is told
 //! `QUEUED`; removed only after the fleet

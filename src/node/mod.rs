@@ -1,5 +1,5 @@
 //! The local node: takes a validated request from the API, routes it to the fleet (the
-//! proposal queue in [`propose`]) or to the node-local engine by scope (SPEC section 8),
+//! proposal queue in [`propose`]) or to the node-local engine by scope (contract §8),
 //! bounds it by its deadline, and says who decided the answer.
 //!
 //! It never names tonic or sled: the transport lives in `raft::network`/`api`, storage in
@@ -23,7 +23,7 @@ use propose::Proposer;
 use request::{CheckRateInput, HitInput, ResetInput, Scope, SettleInput};
 use route::Route;
 
-/// Who decided an answer (SPEC section 5, last paragraph).
+/// Who decided an answer (contract §5, last paragraph).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum DecidedBy {
     /// Committed through the Raft log.
@@ -76,7 +76,7 @@ pub enum NodeError {
 
 impl NodeError {
     /// The fleet could not take the call (no leader, its deadline passed, or its queue is
-    /// full): SPEC section 7 has this node answer from its own state instead.
+    /// full): contract §7 has this node answer from its own state instead.
     fn fleet_unavailable(&self) -> bool {
         matches!(
             self,
@@ -116,9 +116,9 @@ pub struct NodeParts {
     pub raft: Raft,
     pub state: StateMachineStore,
     pub proposer: Proposer,
-    /// Node scope (SPEC section 8).
+    /// Node scope (contract §8).
     pub local: LocalEngine,
-    /// The local fallback (SPEC section 7).
+    /// The local fallback (contract §7).
     pub fallback: Fallback,
     pub voters_max: usize,
     /// How far this node's Raft log is on disk (membership changes wait on it).
@@ -318,7 +318,7 @@ impl Node {
         decided
     }
 
-    /// SPEC section 6.
+    /// contract §6.
     ///
     /// # Errors
     /// When the fleet could not take it in time, or the local claim index failed.
@@ -388,7 +388,7 @@ impl Node {
         }
     }
 
-    /// SPEC section 7: the fleet did not answer in time, so this node decides from its
+    /// contract §7: the fleet did not answer in time, so this node decides from its
     /// replica and its own fallback index. Duplicate only for a claim known committed.
     fn fallback_hit(
         &self,
@@ -469,7 +469,7 @@ impl Node {
         self.id
     }
 
-    /// SPEC section 10: node-local buckets are cleared whatever the fleet does: node
+    /// contract §10: node-local buckets are cleared whatever the fleet does: node
     /// scope's, the fallback's, and the charges the fallback granted that wait to be handed
     /// to the fleet (they would charge the tenant again after the reset).
     ///
@@ -487,7 +487,7 @@ impl Node {
         Ok(())
     }
 
-    /// SPEC section 11: one entity charge, allowed or denied.
+    /// contract §11: one entity charge, allowed or denied.
     ///
     /// # Errors
     /// When the fleet could not answer in time.

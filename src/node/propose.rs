@@ -12,11 +12,9 @@
 //! A busy batch also *lingers* (`batch_linger_us`, `linger_target`): callers that each
 //! wait for their answer before sending again split into two groups that take turns,
 //! because the callers one batch answers come back while the next batch, holding the other
-//! group, is already on its way. Waiting a moment for them merges the groups. On the leader
-//! that took an entry at 64 callers from ~28 hits to ~48 and the CPU per hit down 17 %; on
-//! followers, with two forwards in flight instead of 16, a forward went from ~1.2 commands
-//! to ~9.6 and the CPU per hit down a further 6-12 % (docs/benchmarks.md). Followers wait
-//! for a bigger share of their last forward than the leader of its last entry
+//! group, is already on its way. Waiting a moment for them merges the groups, so entries
+//! and forwards carry more commands for less CPU per hit (docs/decisions/006). Followers
+//! wait for a bigger share of their last forward than the leader of its last entry
 //! (`FOLLOWER_LINGER_SHARE`). A lone caller never lingers.
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -66,8 +64,7 @@ pub struct BatchLimits {
 /// The share of the previous batch a busy batch waits for, as (numerator, denominator), on
 /// the leader and on a follower. A follower waits for more: its forward is one unit at the
 /// leader, so a caller it leaves out arrives after the leader's entry has left and waits a
-/// whole entry more (at 64 callers, 15/16 on followers instead of 7/8 gave 8-10 % more
-/// hits/s and 8-10 % less CPU per hit; 15/16 on the leader too cost 16 callers 5-8 %).
+/// whole entry more (the shares were measured: docs/decisions/006).
 const LEADER_LINGER_SHARE: (usize, usize) = (7, 8);
 const FOLLOWER_LINGER_SHARE: (usize, usize) = (15, 16);
 

@@ -1,12 +1,12 @@
 //! A validated request as the node sees it: domain types plus scope and deadline.
-//! Built only by `api::validate`, so holding one means the input rules (SPEC section 9)
+//! Built only by `api::validate`, so holding one means the input rules (contract §9)
 //! already passed.
 
 use std::time::Duration;
 
 use crate::state::{Charge, ClaimKey, ClaimRequest, HookId, SettleOutcome, TenantId};
 
-/// Where a request's charges or claim are decided (SPEC section 8).
+/// Where a request's charges or claim are decided (contract §8).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Scope {
     /// Through the Raft log (the default).
@@ -15,7 +15,7 @@ pub enum Scope {
     Node,
 }
 
-/// SPEC section 5.
+/// contract §5.
 #[derive(Clone, Debug)]
 pub struct HitInput {
     pub charges: Vec<Charge>,
@@ -25,7 +25,7 @@ pub struct HitInput {
     pub dedupe_scope: Scope,
 }
 
-/// SPEC section 6; `ttl_ms` already resolved to the node default when the request had 0.
+/// contract §6; `ttl_ms` already resolved to the node default when the request had 0.
 #[derive(Clone, Debug)]
 pub struct SettleInput {
     pub key: ClaimKey,
@@ -36,14 +36,14 @@ pub struct SettleInput {
     pub scope: Scope,
 }
 
-/// SPEC section 10.
+/// contract §10.
 #[derive(Clone, Debug)]
 pub struct ResetInput {
     pub tenant: TenantId,
     pub timeout: Duration,
 }
 
-/// SPEC section 11, already turned into one GCRA charge on an entity bucket.
+/// contract §11, already turned into one GCRA charge on an entity bucket.
 #[derive(Clone, Debug)]
 pub struct CheckRateInput {
     pub charge: Charge,

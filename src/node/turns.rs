@@ -1,6 +1,6 @@
 //! One at a time per claim key: a mixed-scope hit (fleet charges, node claim) looks at the
-//! node's claim, spends its charges through the fleet and only then takes the claim. SPEC
-//! section 5 makes that one atomic decision, so two such hits for the same key on this node
+//! node's claim, spends its charges through the fleet and only then takes the claim. Contract §5
+//! makes that one atomic decision, so two such hits for the same key on this node
 //! take turns instead of both spending (`Node::hit_fleet_charges_node_claim`).
 
 use std::collections::HashMap;

@@ -2,9 +2,7 @@
 //!
 //! openraft's own policy counts entries only, so once the state is large every snapshot
 //! encodes and stores all of it again after the same number of entries: the work per hit
-//! grows with the state. Measured on the benchmark (docs/benchmarks.md, round 7), 64
-//! callers went from 33 to 47–59 µs of CPU per hit as 1.4M claims piled up, with a
-//! snapshot every 5000 entries. Here a snapshot also waits until the log written since the
+//! grows with the state (docs/decisions/012). Here a snapshot also waits until the log written since the
 //! last one reaches `log_percent` of that snapshot's size, as Redis waits before it
 //! rewrites its append-only file (`auto-aof-rewrite-percentage`): snapshot work then grows
 //! with the log written, whatever the size of the state. The log after a snapshot grows to

@@ -308,14 +308,12 @@ type ExpiryQueue = BinaryHeap<Due>;
 
 /// An entry of the expiry queue, ordered by its deadline alone, soonest first. Items due
 /// in the same microsecond are common (a log entry's claims share one): compared as
-/// `(deadline, item)` they were told apart key by key, string by string, at every step of
-/// the heap (`perf`: ~2.5 % of the fleet's CPU). Their order changes nothing, since each
-/// is swept on its own.
+/// `(deadline, item)` they would be told apart key by key, string by string, at every step
+/// of the heap. Their order changes nothing, since each is swept on its own.
 ///
 /// It keeps the item's hash in its map: sweeping it then finds the item without hashing the
 /// key again, and (the queue holding the map's own `Arc` of the key) without reading the
-/// key's strings, which at a million claims were cache misses (`perf`: the sweep was 11 %
-/// of a steady fleet's CPU).
+/// key's strings, which at a million claims are cache misses (docs/decisions/009).
 #[derive(Clone, Debug)]
 struct Due {
     deadline_us: u64,

@@ -71,7 +71,7 @@ pub enum Kind {
 }
 
 /// A GCRA bucket's name. Hit's buckets and check_rate's live in separate variants, so
-/// they can never share a name (SPEC section 11).
+/// they can never share a name (contract §11).
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub enum BucketKey {
     Tenant {
@@ -84,7 +84,7 @@ pub enum BucketKey {
     },
 }
 
-/// One GCRA charge (SPEC section 4), already validated.
+/// One GCRA charge (contract §4), already validated.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Charge {
     pub bucket: BucketKey,
@@ -100,7 +100,7 @@ pub struct ClaimKey {
     pub key: Box<str>,
 }
 
-/// A hit's request to claim a key for a hook (SPEC section 5, step 3).
+/// A hit's request to claim a key for a hook (contract §5, step 3).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ClaimRequest {
     pub key: ClaimKey,
@@ -118,7 +118,7 @@ pub enum ClaimState {
     Committed,
 }
 
-/// A stored claim (SPEC section 2).
+/// A stored claim (contract §2).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ClaimRecord {
     pub hook_id: HookId,
@@ -139,7 +139,7 @@ pub enum SettleOutcome {
 /// One decision the state machine makes. A log entry carries a batch of these.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Command {
-    /// SPEC section 5 (and check_rate, which is a hit with one entity charge).
+    /// contract §5 (and check_rate, which is a hit with one entity charge).
     Hit {
         charges: Vec<Charge>,
         claim: Option<ClaimRequest>,
@@ -148,7 +148,7 @@ pub enum Command {
     /// Evaluate charges without spending them: `Allowed` or `RateLimited`, nothing written.
     /// Used when a fleet-scoped charge meets a node-scoped claim that is already taken.
     ProbeCharges { charges: Vec<Charge> },
-    /// SPEC section 6. `ttl_ms` is already resolved (never 0).
+    /// contract §6. `ttl_ms` is already resolved (never 0).
     Settle {
         key: ClaimKey,
         hook_id: HookId,
@@ -156,7 +156,7 @@ pub enum Command {
         ttl_ms: u64,
         node: NodeId,
     },
-    /// SPEC section 10: forget the tenant's hooks and bytes buckets.
+    /// contract §10: forget the tenant's hooks and bytes buckets.
     Reset { tenant: TenantId },
     /// A commit the node queued while cut off, applied by reconciliation (contract §7).
     /// Like a settle commit, except that it wins over a claim held *pending* for another
@@ -169,7 +169,7 @@ pub enum Command {
         ttl_ms: u64,
         node: NodeId,
     },
-    /// Account for charges a node granted on its own while cut off (SPEC section 7): each
+    /// Account for charges a node granted on its own while cut off (contract §7): each
     /// bucket is charged without the capacity check, but never past `now + capacity_us`,
     /// so a node's local grants spend the fleet budget without locking it for longer than
     /// one burst window.
@@ -194,7 +194,7 @@ pub enum SettleAnswer {
         holder: HookId,
     },
     /// Never produced by the rules: the node queued the settle on its disk because the
-    /// fleet did not take it in time (SPEC section 6); it is retried until applied.
+    /// fleet did not take it in time (contract §6); it is retried until applied.
     Queued,
 }
 

@@ -1,11 +1,10 @@
 //! A hash map split into [`SHARDS`] maps by the key's hash.
 //!
 //! A `HashMap` grows by rehashing every item into a table twice the size, in one go: at a
-//! few hundred thousand claims that took 100-400 ms on the benchmark machine, and since
-//! every replica holds the same state, all of them paused together and the fleet stopped
-//! committing for that long (AppendEntries timed out). Split in 64, a map grows one shard
-//! at a time: each pause is 1/64 of that, and shards cross their thresholds at different
-//! moments.
+//! few hundred thousand claims that pauses apply for a long time, and since every replica
+//! holds the same state, all of them pause together and the fleet stops committing
+//! (docs/decisions/008). Split in 64, a map grows one shard at a time: each pause is 1/64
+//! of that, and shards cross their thresholds at different moments.
 //!
 //! A map can also be *frozen* for a snapshot ([`Sharded::freeze`]): the frozen copy shares
 //! the shards (no copy is made) and stays as it was, while the live map records every change
@@ -15,9 +14,8 @@
 //! the encode.
 //!
 //! Every item keeps its key's hash, computed once when the key comes in: the shard, the
-//! lookup in it, the overlay and a table's growth all use it, where a `HashMap` per shard
-//! hashed the key again for each (a claim's three strings, ~5 times per claim per replica;
-//! `perf`: `ClaimKey::hash` was 5 % of the fleet's CPU, mostly rehashing while a shard grew).
+//! lookup in it, the overlay and a table's growth all use it, so a claim's three strings
+//! are hashed once per replica, not once per step.
 
 use std::borrow::Borrow;
 use std::hash::{BuildHasher, Hash};

@@ -3,7 +3,7 @@
 //! and it writes values over ~128 KiB (every 1 MiB snapshot chunk) to files of their own in
 //! `blobs/` with no sync at all (`pagecache/blob_io.rs`). Neither survives a power cut. The
 //! two things this node keeps in sled must: openraft purges the log a snapshot covers as
-//! soon as the snapshot is stored, and a `QUEUED` settle is a promise (SPEC section 6).
+//! soon as the snapshot is stored, and a `QUEUED` settle is a promise (contract §6).
 //! [`SledDisk::flush_to_disk`] flushes sled and then fsyncs what it wrote: its log and
 //! config, every blob, and the directories that name them.
 

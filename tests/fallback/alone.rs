@@ -30,7 +30,7 @@ async fn a_follower_left_alone(extra: &str) -> (Fleet, u64) {
 async fn a_node_started_alone_serves_within_one_second() {
     init_tracing();
     const TIMEOUT_MS: u32 = 100;
-    /// Start-up of a debug build on a loaded machine, beyond the one second the SPEC allows.
+    /// Start-up of a debug build on a loaded machine, beyond the one second the the contract allows.
     const START_MARGIN: Duration = Duration::from_millis(500);
 
     tracing::info!("--- start node 1 of a three-voter fleet whose other nodes never start");
@@ -134,7 +134,7 @@ async fn mixed_scope_hits_fall_back_too() {
 }
 
 /// The proposal queue is bounded: when it is full, a call does not wait. An overloaded
-/// fleet is one of SPEC section 7's failures, so the node answers from its own state at
+/// fleet is one of contract §7's failures, so the node answers from its own state at
 /// once: a hit decided locally, its reason saying "overloaded" with a retry hint (issue
 /// #4's overloaded answer), and a settle written to the node's queue (`QUEUED`, never lost).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -204,8 +204,8 @@ async fn a_full_proposal_queue_answers_locally_at_once() {
     );
 }
 
-/// SPEC section 10: a reset clears the node-local buckets even when the fleet cannot take
-/// it, including those a cut-off node charges in its place (SPEC section 7).
+/// contract §10: a reset clears the node-local buckets even when the fleet cannot take
+/// it, including those a cut-off node charges in its place (contract §7).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reset_clears_the_buckets_a_cut_off_node_charges() {
     init_tracing();

@@ -1,4 +1,4 @@
-//! Local fallback faults (SPEC section 7): a node cut off from the fleet (isolated by
+//! Local fallback faults (contract §7): a node cut off from the fleet (isolated by
 //! transport fault rules, its peers killed, started alone, or behind a paused leader)
 //! still answers every call within its deadline, decided `local`; what it decided alone
 //! (claims, queued settles, charges) reaches the fleet once a leader is reachable, also
@@ -27,8 +27,8 @@ use common::*;
 
 pub(crate) const FAULTS: &str = "fault_injection = true";
 /// What a local answer may take beyond its timeout_ms, seen from the test process (gRPC both
-/// ways, a sled write, a flush for a queued settle). Measured on a loaded 2-core debug build
-/// (two tests at once, other builds running): usually 5-75 ms over, once 301 ms.
+/// ways, a journal append, a flush for a queued settle) on a loaded 2-core debug build
+/// (two tests at once, other builds running).
 pub(crate) const LOCAL_MARGIN_MS: u64 = 500;
 /// The hook id the probes use: another hook than the stored one, so a lost claim shows.
 pub(crate) const PROBE_HOOK: &str = "hook-probe";

@@ -259,7 +259,7 @@ async fn settles_queued_before_a_kill_9_are_applied_after_restart() {
     assert_journal(&fleet, &journal);
 }
 
-/// SPEC 6 and 7: a commit answered `queued` is never lost, and a `duplicate` answered
+/// contract §6 and §7: a commit answered `queued` is never lost, and a `duplicate` answered
 /// locally leaves nothing behind in the fleet. A leader left alone (both followers killed)
 /// still appends what it is asked to its log; those entries commit once the followers
 /// return, after the callers were answered locally. A retry of a key with another hook,

@@ -1,4 +1,4 @@
-//! HitStream (beyond SPEC 14): the same answers as Hit, in request order.
+//! HitStream (beyond contract §14): the same answers as Hit, in request order.
 
 use ankusa_fleet::pb;
 

@@ -1,4 +1,4 @@
-//! SPEC sections 4 and 5: GCRA charges, and the steps of a hit with a claim.
+//! contract §4 and §5: GCRA charges, and the steps of a hit with a claim.
 
 use tokio::time::Instant;
 
@@ -25,7 +25,7 @@ async fn hits_follow_gcra_and_the_claim_steps() {
 }
 
 async fn gcra_example(client: &mut Client, tag: &str, role: &str) {
-    tracing::info!(role, "--- SPEC 4: 10/s burst 10 (the exact example)");
+    tracing::info!(role, "--- contract §4: 10/s burst 10 (the exact example)");
     // Eleven charges are sent together so they land (nearly) at one instant: ten pass and
     // the last in log order waits 100 ms minus the real time between the first stamp and
     // its own (at most the elapsed time measured here). When a loaded machine spreads
@@ -80,7 +80,7 @@ async fn gcra_example(client: &mut Client, tag: &str, role: &str) {
 async fn gcra_denials_write_nothing(client: &mut Client, tag: &str, role: &str) {
     tracing::info!(
         role,
-        "--- SPEC 4 scaled by 100: ten pass, the eleventh waits ~10 s"
+        "--- contract §4 scaled by 100: ten pass, the eleventh waits ~10 s"
     );
     let charge = hooks(
         &format!("{tag}-gcra-scaled"),
@@ -117,7 +117,7 @@ async fn gcra_denials_write_nothing(client: &mut Client, tag: &str, role: &str) 
 
     tracing::info!(
         role,
-        "--- SPEC 5.2: one denied charge stops the others and the claim"
+        "--- contract §5.2: one denied charge stops the others and the claim"
     );
     let fresh = slow(&format!("{tag}-deny-fresh"), 2);
     let long_denied = slow(&format!("{tag}-deny-long"), 1);
@@ -156,7 +156,7 @@ async fn gcra_denials_write_nothing(client: &mut Client, tag: &str, role: &str) 
 async fn rate_limited_beats_duplicate(client: &mut Client, tag: &str, role: &str) {
     tracing::info!(
         role,
-        "--- SPEC 5.2 before 5.3: rate_limited beats duplicate"
+        "--- contract §5.2 before 5.3: rate_limited beats duplicate"
     );
     let tenant = format!("{tag}-rl-dup");
     commit_claim(client, &tenant, "evt", "hook-a").await;
@@ -175,7 +175,7 @@ async fn rate_limited_beats_duplicate(client: &mut Client, tag: &str, role: &str
 async fn duplicate_spends_nothing(client: &mut Client, tag: &str, role: &str) {
     tracing::info!(
         role,
-        "--- SPEC 5.3: committed → duplicate{{holder}}, no charge spent"
+        "--- contract §5.3: committed → duplicate{{holder}}, no charge spent"
     );
     let tenant = format!("{tag}-dup");
     commit_claim(client, &tenant, "evt", "hook-a").await;
@@ -199,7 +199,7 @@ async fn duplicate_spends_nothing(client: &mut Client, tag: &str, role: &str) {
 async fn pending_for_another_hook(client: &mut Client, tag: &str, role: &str) {
     tracing::info!(
         role,
-        "--- SPEC 5.3: pending for another hook → pending{{time left}}"
+        "--- contract §5.3: pending for another hook → pending{{time left}}"
     );
     let tenant = format!("{tag}-pend-other");
     let holder = claim(&tenant, "evt", "hook-a"); // pending_ttl_ms 60_000
@@ -224,7 +224,7 @@ async fn pending_for_another_hook(client: &mut Client, tag: &str, role: &str) {
 async fn pending_for_the_same_hook(client: &mut Client, tag: &str, role: &str) {
     tracing::info!(
         role,
-        "--- SPEC 5.3: the same hook retried → allowed, not charged again"
+        "--- contract §5.3: the same hook retried → allowed, not charged again"
     );
     let tenant = format!("{tag}-pend-same");
     let charge = slow(&tenant, 2);
@@ -251,7 +251,7 @@ async fn pending_for_the_same_hook(client: &mut Client, tag: &str, role: &str) {
 async fn empty_hit(client: &mut Client, role: &str) {
     tracing::info!(
         role,
-        "--- SPEC 5: a hit with neither charges nor claim is allowed"
+        "--- contract §5: a hit with neither charges nor claim is allowed"
     );
     assert_eq!(fleet_hit(client, vec![], None).await, Outcome::Allowed);
 }

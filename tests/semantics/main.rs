@@ -1,4 +1,4 @@
-//! The answers of SPEC sections 4, 5, 6, 8, 10 and 11, checked from outside against a real
+//! The answers of contract §4, 5, 6, 8, 10 and 11, checked from outside against a real
 //! three-node fleet. One fleet per test function; each case inside uses its own tenants and
 //! keys, and most run twice: once through the leader, once through a follower (which
 //! forwards to the leader and relays the answer).

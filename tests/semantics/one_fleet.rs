@@ -116,7 +116,7 @@ async fn wait_until_free(fleet: &Fleet, client: &Client, tenant: &str, key: &str
 async fn pending_claim_expires(fleet: &Fleet, client: &mut Client, tenant: &str, role: &str) {
     tracing::info!(
         role,
-        "--- SPEC 2/5: a pending claim expires after pending_ttl_ms"
+        "--- contract §2/5: a pending claim expires after pending_ttl_ms"
     );
     let mut short = claim(tenant, "pending", "hook-a");
     short.pending_ttl_ms = SHORT_TTL_MS;
@@ -153,7 +153,10 @@ async fn pending_claim_expires(fleet: &Fleet, client: &mut Client, tenant: &str,
 }
 
 async fn committed_claim_expires(fleet: &Fleet, client: &mut Client, tenant: &str, role: &str) {
-    tracing::info!(role, "--- SPEC 6: a committed claim expires after ttl_ms");
+    tracing::info!(
+        role,
+        "--- contract §6: a committed claim expires after ttl_ms"
+    );
     let mut short = claim(tenant, "committed", "hook-a");
     short.ttl_ms = SHORT_TTL_MS;
     assert_eq!(
@@ -175,7 +178,7 @@ async fn committed_claim_expires(fleet: &Fleet, client: &mut Client, tenant: &st
 
     tracing::info!(
         role,
-        "--- SPEC 6: a recreated claim lives for the settle's ttl_ms"
+        "--- contract §6: a recreated claim lives for the settle's ttl_ms"
     );
     let mut recreate = settle(tenant, "recreated", "hook-a", pb::SettleOutcome::Commit);
     recreate.ttl_ms = SHORT_TTL_MS;

@@ -1,4 +1,4 @@
-//! SPEC section 8: node scope, and hits whose charges and claim have different scopes.
+//! contract §8: node scope, and hits whose charges and claim have different scopes.
 
 use ankusa_fleet::pb;
 
@@ -34,7 +34,10 @@ async fn node_scope_stays_on_its_node() {
         let mut other_client = fleet.client(other).await;
         let tenant = format!("node-{role}");
 
-        tracing::info!(role, "--- SPEC 8: node-scope charges are decided locally");
+        tracing::info!(
+            role,
+            "--- contract §8: node-scope charges are decided locally"
+        );
         let charge = slow(&tenant, 2);
         for _ in 0..2 {
             let answer = local_hit(&mut client, vec![charge.clone()], None).await;
@@ -44,7 +47,7 @@ async fn node_scope_stays_on_its_node() {
         assert!(matches!(answer, Outcome::RateLimited(_)), "{answer:?}");
         tracing::info!(
             role,
-            "--- SPEC 8: another node's node-local bucket is its own"
+            "--- contract §8: another node's node-local bucket is its own"
         );
         let answer = local_hit(&mut other_client, vec![charge.clone()], None).await;
         assert_eq!(
@@ -55,7 +58,7 @@ async fn node_scope_stays_on_its_node() {
 
         tracing::info!(
             role,
-            "--- SPEC 8: node-scope claims live in the node's own index"
+            "--- contract §8: node-scope claims live in the node's own index"
         );
         let answer = local_hit(&mut client, vec![], Some(claim(&tenant, "evt", "hook-a"))).await;
         assert_eq!(answer, Outcome::Allowed);
@@ -80,7 +83,10 @@ async fn node_scope_stays_on_its_node() {
         let answer = local_hit(&mut client, vec![], Some(claim(&tenant, "evt", "hook-c"))).await;
         assert_eq!(answer, Outcome::Duplicate("hook-a".to_owned()));
 
-        tracing::info!(role, "--- SPEC 8: node-scope check_rate is decided locally");
+        tracing::info!(
+            role,
+            "--- contract §8: node-scope check_rate is decided locally"
+        );
         let mut request = check_rate(&tenant, "send", 1, 60_000);
         request.scope = pb::Scope::Node as i32;
         let answer = send_check_rate(&mut client, request.clone()).await;
@@ -90,7 +96,7 @@ async fn node_scope_stays_on_its_node() {
         assert!(!answer.allowed && answer.retry_after_ms >= 1, "{answer:?}");
     }
 
-    tracing::info!("--- SPEC 8: nothing of the above went through Raft");
+    tracing::info!("--- contract §8: nothing of the above went through Raft");
     let after = fleet.wait_for_applied_in_step(&[1, 2, 3]).await;
     let mut leader_client = fleet.client(entries[0].1).await;
     assert_eq!(
@@ -117,7 +123,10 @@ async fn node_scope_stays_on_its_node() {
     for (role, id) in &entries {
         let mut client = fleet.client(*id).await;
         let tenant = format!("node-{role}");
-        tracing::info!(role, "--- SPEC 8: the fleet never saw the node-scope state");
+        tracing::info!(
+            role,
+            "--- contract §8: the fleet never saw the node-scope state"
+        );
         assert_budget(&mut client, &slow(&tenant, 2), 2, "fleet bucket").await;
         let answer = fleet_hit(&mut client, vec![], Some(claim(&tenant, "evt", "hook-x"))).await;
         assert_eq!(answer, Outcome::Allowed, "fleet claim index");
@@ -159,7 +168,7 @@ fn count(outcomes: &[Outcome], which: fn(&Outcome) -> bool) -> usize {
     outcomes.iter().filter(|outcome| which(outcome)).count()
 }
 
-/// SPEC section 5 makes a hit one atomic decision, also when its charges and its claim are
+/// contract §5 makes a hit one atomic decision, also when its charges and its claim are
 /// in different scopes (section 8): concurrent hits never both pass a budget with room for
 /// one, a hit that is not allowed spends nothing, and a retry of the same hook is not
 /// charged again.

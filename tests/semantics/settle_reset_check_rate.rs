@@ -1,4 +1,4 @@
-//! SPEC sections 6, 10 and 11: settle, reset and check_rate.
+//! contract §6, 10 and 11: settle, reset and check_rate.
 
 use ankusa_fleet::pb;
 use tokio::time::Instant;
@@ -30,7 +30,10 @@ async fn commit_branches(client: &mut Client, tag: &str, role: &str) {
     let tenant = format!("{tag}-commit");
     let none = String::new;
 
-    tracing::info!(role, "--- SPEC 6 commit: pending for the hook → settled");
+    tracing::info!(
+        role,
+        "--- contract §6 commit: pending for the hook → settled"
+    );
     let taken = fleet_hit(client, vec![], Some(claim(&tenant, "own", "hook-a"))).await;
     assert_eq!(taken, Outcome::Allowed);
     let settled = fleet_settle(client, &tenant, "own", "hook-a", Commit).await;
@@ -40,14 +43,17 @@ async fn commit_branches(client: &mut Client, tag: &str, role: &str) {
 
     tracing::info!(
         role,
-        "--- SPEC 6 commit: already committed for the hook → settled"
+        "--- contract §6 commit: already committed for the hook → settled"
     );
     let again = fleet_settle(client, &tenant, "own", "hook-a", Commit).await;
     assert_eq!(again, (Settled, none()), "commit is idempotent");
     let seen = fleet_hit(client, vec![], Some(claim(&tenant, "own", "hook-b"))).await;
     assert_eq!(seen, Outcome::Duplicate("hook-a".to_owned()));
 
-    tracing::info!(role, "--- SPEC 6 commit: absent → recreated, committed");
+    tracing::info!(
+        role,
+        "--- contract §6 commit: absent → recreated, committed"
+    );
     let recreated = fleet_settle(client, &tenant, "absent", "hook-z", Commit).await;
     assert_eq!(recreated, (Recreated, none()));
     let seen = fleet_hit(client, vec![], Some(claim(&tenant, "absent", "hook-b"))).await;
@@ -55,7 +61,7 @@ async fn commit_branches(client: &mut Client, tag: &str, role: &str) {
 
     tracing::info!(
         role,
-        "--- SPEC 6 commit: pending for another hook → conflict, no change"
+        "--- contract §6 commit: pending for another hook → conflict, no change"
     );
     let taken = fleet_hit(client, vec![], Some(claim(&tenant, "other", "hook-a"))).await;
     assert_eq!(taken, Outcome::Allowed);
@@ -71,7 +77,7 @@ async fn commit_branches(client: &mut Client, tag: &str, role: &str) {
 
     tracing::info!(
         role,
-        "--- SPEC 6 commit: committed by another hook → conflict"
+        "--- contract §6 commit: committed by another hook → conflict"
     );
     let conflict = fleet_settle(client, &tenant, "other", "hook-b", Commit).await;
     assert_eq!(conflict, (Conflict, "hook-a".to_owned()));
@@ -87,7 +93,7 @@ async fn release_branches(client: &mut Client, tag: &str, role: &str) {
 
     tracing::info!(
         role,
-        "--- SPEC 6 release: pending for the hook → removed, settled"
+        "--- contract §6 release: pending for the hook → removed, settled"
     );
     let taken = fleet_hit(client, vec![], Some(claim(&tenant, "own", "hook-a"))).await;
     assert_eq!(taken, Outcome::Allowed);
@@ -96,7 +102,7 @@ async fn release_branches(client: &mut Client, tag: &str, role: &str) {
     let retaken = fleet_hit(client, vec![], Some(claim(&tenant, "own", "hook-b"))).await;
     assert_eq!(retaken, Outcome::Allowed, "a released key is free");
 
-    tracing::info!(role, "--- SPEC 6 release: absent → settled");
+    tracing::info!(role, "--- contract §6 release: absent → settled");
     let released = fleet_settle(client, &tenant, "absent", "hook-a", Release).await;
     assert_eq!(released, (Settled, none()));
     let taken = fleet_hit(client, vec![], Some(claim(&tenant, "absent", "hook-b"))).await;
@@ -104,7 +110,7 @@ async fn release_branches(client: &mut Client, tag: &str, role: &str) {
 
     tracing::info!(
         role,
-        "--- SPEC 6 release: pending for another hook → conflict, no change"
+        "--- contract §6 release: pending for another hook → conflict, no change"
     );
     let taken = fleet_hit(client, vec![], Some(claim(&tenant, "other", "hook-a"))).await;
     assert_eq!(taken, Outcome::Allowed);
@@ -118,7 +124,7 @@ async fn release_branches(client: &mut Client, tag: &str, role: &str) {
 
     tracing::info!(
         role,
-        "--- SPEC 6 release: committed (same hook) → conflict, no change"
+        "--- contract §6 release: committed (same hook) → conflict, no change"
     );
     let settled = fleet_settle(client, &tenant, "other", "hook-a", Commit).await;
     assert_eq!(settled, (Settled, none()));
@@ -129,7 +135,7 @@ async fn release_branches(client: &mut Client, tag: &str, role: &str) {
 
     tracing::info!(
         role,
-        "--- SPEC 6 release: committed by another hook → conflict"
+        "--- contract §6 release: committed by another hook → conflict"
     );
     let conflict = fleet_settle(client, &tenant, "other", "hook-b", Release).await;
     assert_eq!(conflict, (Conflict, "hook-a".to_owned()));
@@ -140,7 +146,7 @@ async fn release_branches(client: &mut Client, tag: &str, role: &str) {
 async fn reset_forgets_buckets_only(client: &mut Client, tag: &str, role: &str) {
     tracing::info!(
         role,
-        "--- SPEC 10: spend a tenant's buckets of both kinds, and another's"
+        "--- contract §10: spend a tenant's buckets of both kinds, and another's"
     );
     let tenant = format!("{tag}-reset");
     let bystander = format!("{tag}-reset-bystander");
@@ -167,7 +173,7 @@ async fn reset_forgets_buckets_only(client: &mut Client, tag: &str, role: &str) 
 
     tracing::info!(
         role,
-        "--- SPEC 10: reset forgets both kinds, fleet and node-local"
+        "--- contract §10: reset forgets both kinds, fleet and node-local"
     );
     send_reset(client, &tenant).await;
     assert_budget(client, &charges[0], 2, "hooks bucket after reset").await;
@@ -175,7 +181,10 @@ async fn reset_forgets_buckets_only(client: &mut Client, tag: &str, role: &str) 
     let answer = outcome(&send_hit_full(client, local).await);
     assert_eq!(answer, Outcome::Allowed, "node-local bucket after reset");
 
-    tracing::info!(role, "--- SPEC 10: claims and other tenants are untouched");
+    tracing::info!(
+        role,
+        "--- contract §10: claims and other tenants are untouched"
+    );
     let seen = fleet_hit(client, vec![], Some(claim(&tenant, "evt", "hook-b"))).await;
     assert_eq!(seen, Outcome::Duplicate("hook-a".to_owned()));
     let answer = fleet_hit(client, vec![other], None).await;
@@ -188,7 +197,7 @@ async fn reset_forgets_buckets_only(client: &mut Client, tag: &str, role: &str) 
 async fn check_rate_answers(client: &mut Client, tag: &str, role: &str) {
     tracing::info!(
         role,
-        "--- SPEC 11: limit 3 per 60 s: three allowed, the fourth waits ~20 s"
+        "--- contract §11: limit 3 per 60 s: three allowed, the fourth waits ~20 s"
     );
     let entity = format!("{tag}-entity");
     let started = Instant::now();
@@ -214,7 +223,7 @@ async fn check_rate_answers(client: &mut Client, tag: &str, role: &str) {
 
     tracing::info!(
         role,
-        "--- SPEC 11: entity buckets never share a hit bucket's budget"
+        "--- contract §11: entity buckets never share a hit bucket's budget"
     );
     let shared = format!("{tag}-shared");
     for charge in [slow(&shared, 1), slow_bytes(&shared, 1)] {
@@ -252,7 +261,7 @@ async fn check_rate_answers(client: &mut Client, tag: &str, role: &str) {
 async fn check_rate_telemetry(fleet: &Fleet, id: u64, tag: &str, role: &str) {
     tracing::info!(
         role,
-        "--- SPEC 11: each decision is a structured event in the node's log"
+        "--- contract §11: each decision is a structured event in the node's log"
     );
     let entity = format!("{tag}-entity");
     for event in ["request_allowed", "request_denied"] {

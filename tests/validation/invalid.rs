@@ -281,7 +281,7 @@ fn invalid_check_rates() -> Vec<Invalid> {
     ]
 }
 
-/// Sends every case through `client`; returns one line per case that broke SPEC 9.
+/// Sends every case through `client`; returns one line per case that broke contract §9.
 /// What is wrong with `result` as the answer to `case` (None: INVALID_ARGUMENT naming the field).
 fn misjudged(case: &Invalid, result: Result<(), tonic::Status>) -> Option<String> {
     match result {
@@ -346,14 +346,14 @@ async fn invalid_requests_name_the_field_and_write_nothing() {
                 round,
                 node = id,
                 cases = cases.len(),
-                "--- SPEC 9: every invalid request"
+                "--- contract §9: every invalid request"
             );
             let mut client = fleet.client(id).await;
             failures.extend(check_invalid(&mut client, id, &cases).await);
         }
         assert!(
             failures.is_empty(),
-            "{} answers broke SPEC 9 ({} cases on 3 nodes, hits also over HitStream):\n{}",
+            "{} answers broke contract §9 ({} cases on 3 nodes, hits also over HitStream):\n{}",
             failures.len(),
             cases.len(),
             failures.join("\n")

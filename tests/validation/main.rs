@@ -1,4 +1,4 @@
-//! SPEC section 9 from outside: every input rule of Hit, Settle, Reset and CheckRate is
+//! contract §9 from outside: every input rule of Hit, Settle, Reset and CheckRate is
 //! INVALID_ARGUMENT with the field's name in the message, through every node, and writes
 //! nothing; the boundary values themselves are valid.
 //!

@@ -152,7 +152,7 @@ fn raw_ghost_settle() -> RawSettleRequest {
     }
 }
 
-/// Sends one hand-made request; `None` when it broke SPEC 9, with a line saying how.
+/// Sends one hand-made request; `None` when it broke contract §9, with a line saying how.
 async fn raw_case<Req, Resp>(
     api_addr: &str,
     path: &'static str,
@@ -194,7 +194,7 @@ async fn ids_that_are_not_utf8_are_invalid_and_write_nothing() {
     type HitR = pb::HitResponse;
     type SettleR = pb::SettleResponse;
 
-    tracing::info!("--- SPEC 9: every id field holding bytes that are not UTF-8");
+    tracing::info!("--- contract §9: every id field holding bytes that are not UTF-8");
     let mut failures = Vec::new();
     let mut hit_cases: Vec<(&str, RawHitRequest, &str)> = Vec::new();
     let mut request = raw_ghost_hit();
@@ -256,7 +256,7 @@ async fn ids_that_are_not_utf8_are_invalid_and_write_nothing() {
     }
     assert!(
         failures.is_empty(),
-        "{} non-UTF-8 requests broke SPEC 9:\n{}",
+        "{} non-UTF-8 requests broke contract §9:\n{}",
         failures.len(),
         failures.join("\n")
     );

@@ -1,4 +1,4 @@
-//! SPEC section 5: hit, step 3 (the claim) and step 4 (take).
+//! contract §5: hit, step 3 (the claim) and step 4 (take).
 
 use super::*;
 

@@ -1,4 +1,4 @@
-//! SPEC section 4: GCRA.
+//! contract §4: GCRA.
 
 use super::*;
 

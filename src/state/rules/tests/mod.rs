@@ -1,5 +1,5 @@
-//! Tests of the pure rules against SPEC sections 2-6, 10 and 11: one unit test per case,
-//! then property tests against a small reference model written from the SPEC text.
+//! Tests of the pure rules against contract §2–6, 10 and 11: one unit test per case,
+//! then property tests against a small reference model written from the contract text.
 //!
 //! Shared helpers live here; each contract section has its own file below.
 
@@ -30,7 +30,7 @@ const MS_US: u64 = 1_000;
 const SEC_US: u64 = 1_000_000;
 const NODE: NodeId = 7;
 
-/// SPEC section 4's example: 10 per second with a burst of 10.
+/// contract §4's example: 10 per second with a burst of 10.
 const TEN_PER_SEC_INCREMENT_US: u64 = 100_000;
 const TEN_PER_SEC_CAPACITY_US: u64 = 1_000_000;
 

@@ -1,4 +1,4 @@
-//! Property tests against a reference model written from the SPEC text.
+//! Property tests against a reference model written from the contract text.
 
 use std::collections::BTreeMap;
 
@@ -6,7 +6,7 @@ use proptest::prelude::*;
 
 use super::*;
 
-/// The SPEC's state, literally: a map of buckets and a map of claims that is never swept.
+/// The the contract's state, literally: a map of buckets and a map of claims that is never swept.
 /// A bucket whose TAT is not after now, or a claim whose expiry is not after now, is
 /// treated as absent wherever it is read.
 #[derive(Debug, Default)]

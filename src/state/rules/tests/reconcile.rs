@@ -1,4 +1,4 @@
-//! ReconcileCommit (SPEC section 7: a queued commit handed to the fleet).
+//! ReconcileCommit (contract §7: a queued commit handed to the fleet).
 
 use super::*;
 

@@ -1,4 +1,4 @@
-//! SPEC section 10: reset; section 11: entity buckets.
+//! contract §10: reset; section 11: entity buckets.
 
 use super::*;
 

@@ -1,4 +1,4 @@
-//! SPEC section 6: settle.
+//! contract §6: settle.
 
 use super::*;
 
