@@ -150,16 +150,35 @@ fn mixed_hit(
 }
 
 /// Sends the same kind of mixed-scope hit for each of `claims` at once; the outcomes.
+/// Every answer says `local`, its reason naming the node-scoped part (contract §8: one
+/// part in each scope is not a fleet-wide decision).
 async fn mixed_race(
     client: &Client,
     charge: &pb::Charge,
     (charges_scope, claim_scope): (pb::Scope, pb::Scope),
     claims: Vec<pb::Claim>,
 ) -> Vec<Outcome> {
+    let node_part = if claim_scope == pb::Scope::Node {
+        "node scope: claim"
+    } else {
+        "node scope: charges"
+    };
     let racers = claims.into_iter().map(|claim| {
         let mut client = client.clone();
         let request = mixed_hit(vec![charge.clone()], charges_scope, claim, claim_scope);
-        async move { outcome(&send_hit_full(&mut client, request).await) }
+        async move {
+            let response = send_hit_full(&mut client, request).await;
+            assert_eq!(
+                response.decided_by,
+                pb::DecidedBy::Local as i32,
+                "{response:?}"
+            );
+            assert!(
+                response.local_reason.starts_with(node_part),
+                "the reason names {node_part:?}: {response:?}"
+            );
+            outcome(&response)
+        }
     });
     futures::future::join_all(racers).await
 }

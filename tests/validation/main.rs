@@ -13,6 +13,7 @@ mod common;
 mod boundaries;
 mod invalid;
 mod not_utf8;
+mod size_limit;
 
 use ankusa_fleet::pb;
 use ankusa_fleet::pb::fleet_client::FleetClient;
