@@ -18,8 +18,8 @@ use serde::Serialize;
 
 use crate::codec;
 use crate::local::settle_queue::QueuedSettle;
+use crate::raft::snapshot::{self, SnapshotBody};
 use crate::raft::{Entry, LogId, NodeId, ProposeRequest, ProposeResponse, TypeConfig};
-use crate::snapshot::{self, SnapshotBody};
 use crate::state::{
     BucketKey, Charge, ClaimKey, ClaimRecord, ClaimRequest, ClaimState, Command, FleetRequest,
     HookId, Kind, SettleOutcome, SourceId, TenantId,

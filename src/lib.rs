@@ -1,26 +1,31 @@
 //! ankusa-fleet: replicated GCRA rate limiting and two-phase webhook dedupe for an edge
-//! fleet, with no external store.
+//! fleet, with no external store. What it promises is docs/contract.md; the folders follow
+//! a hit (docs/architecture.md).
 //!
 //! # How a hit flows
 //!
-//! 1. The edge calls `Fleet.Hit` on its local node. [`api::FleetService`] validates the
-//!    request ([`api::validate::hit`], contract §9) into a [`node::request::HitInput`].
-//! 2. [`node::Node::hit`] routes by scope: node-scoped parts go to the
-//!    [`fallback::LocalEngine`]; fleet-scoped parts become a [`state::Command`] queued on
-//!    the [`node::propose::Proposer`].
+//! 1. [`api`]: the edge calls `Fleet.Hit` on its local node; [`api::FleetService`]
+//!    validates the request ([`api::validate::hit`], contract §9) into a
+//!    [`node::request::HitInput`].
+//! 2. [`node`]: [`node::Node::hit`] takes the route [`node::route::route`] gives it:
+//!    node-scoped parts go to [`local::LocalEngine`], fleet-scoped parts become a
+//!    [`state::Command`] queued on the [`node::propose::Proposer`], and a fleet that does not
+//!    answer in time is answered for by [`local::Fallback`].
 //! 3. The batcher drains the queue into one batch; [`node::propose::Router`] commits it:
 //!    on the leader as one `Raft::client_write` of a [`state::FleetRequest`] stamped with the
 //!    leader's clock; on a follower as one `Propose` frame on the peer's `Exchange` stream
 //!    ([`raft::network::PeerClients::propose`]) that the leader's
 //!    [`raft::service::PeerService`] feeds into its own queue.
-//! 4. openraft appends the entry to [`raft::log_store::LogStore`] (fsynced) on a majority,
-//!    then [`state::store::StateMachineStore`] applies it on every node with
-//!    [`state::rules::apply_batch`]: pure rules, the entry's time, no IO.
-//! 5. The answers travel back the same way, one per caller, marked `DECIDED_BY_FLEET`.
+//! 4. [`raft`]: openraft appends the entry to [`raft::log_store::LogStore`] (fsynced) on a
+//!    majority, under the rule of [`raft::durability`]; then
+//!    [`raft::state_machine::StateMachineStore`] applies it on every node with
+//!    [`state::rules::apply_batch`].
+//! 5. [`state`]: pure rules, the entry's time, no IO. The answers travel back the same
+//!    way, one per caller, marked `DECIDED_BY_FLEET`.
 //!
-//! Snapshots ([`snapshot`]) encode a frozen point-in-time copy of the state off the async
-//! runtime, while apply goes on, and are kept in sled; a restarting node loads its snapshot
-//! and replays the log after it.
+//! Snapshots ([`raft::snapshot`]) encode a frozen point-in-time copy of the state off the
+//! async runtime, while apply goes on, and are kept in sled; a restarting node loads its
+//! snapshot and replays the log after it.
 
 // openraft's trait signatures fix `StorageError`/`RaftError` (over 128 bytes) as the error
 // types of the storage and network paths; boxing them locally would only add copies.
@@ -40,7 +45,6 @@ pub mod lock;
 pub mod node;
 pub mod raft;
 pub mod server;
-pub mod snapshot;
 pub mod state;
 pub mod storage;
 pub mod tls;

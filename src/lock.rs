@@ -3,7 +3,7 @@
 //! Almost every lock guards plain data that each critical section leaves whole (no section
 //! panics half-way through an update), so a lock poisoned by a panic elsewhere is taken as
 //! it is instead of spreading the panic ([`lock`], [`try_lock`], [`wait`], [`read`],
-//! [`write`]). The
+//! [`write()`]). The
 //! one exception is data a panic can leave half-changed (the applied state, if applying a
 //! batch panicked part way): serving from it would be wrong, so [`lock_or_stop`] panics.
 

@@ -42,7 +42,7 @@ enum Cmd {
     Bench(bench::BenchPlan),
     /// What one snapshot costs here (encode, store, load), apart from a fleet; prints a
     /// JSON summary.
-    BenchSnapshot(ankusa_fleet::snapshot::bench::SnapshotBenchPlan),
+    BenchSnapshot(ankusa_fleet::raft::snapshot::bench::SnapshotBenchPlan),
     /// Inspect or change membership through any node's raft_addr (with a fleet certificate).
     Cluster {
         #[command(subcommand)]
@@ -158,7 +158,7 @@ async fn main() -> anyhow::Result<()> {
             Ok(())
         }
         Cmd::BenchSnapshot(plan) => {
-            let summary = ankusa_fleet::snapshot::bench::run(&plan)?;
+            let summary = ankusa_fleet::raft::snapshot::bench::run(&plan)?;
             println!("{}", serde_json::to_string_pretty(&summary)?);
             Ok(())
         }

@@ -31,9 +31,9 @@ use crate::raft::faults::Faults;
 use crate::raft::log_store::LogStore;
 use crate::raft::network::PeerClients;
 use crate::raft::service::PeerService;
+use crate::raft::snapshot::policy::{self, SnapshotPolicy};
 use crate::raft::state_machine::StateMachineStore;
 use crate::raft::{MemberNode, Raft};
-use crate::snapshot::policy::{self, SnapshotPolicy};
 use crate::storage::sled_disk::SledDisk;
 use crate::tls::{ApiTls, PeerTls};
 /// sled's page cache (default 1 GiB): it holds the latest snapshot and the node-scope and

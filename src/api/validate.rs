@@ -4,7 +4,7 @@
 use std::collections::HashSet;
 use std::time::Duration;
 
-pub use crate::contract::{
+use crate::contract::{
     CHARGES_MAX, ID_BYTES_MAX, KEY_BYTES_MAX, TIMEOUT_MS_MAX, TTL_MS_MAX, WINDOW_MS_MAX, YEAR_US,
 };
 use crate::node::request::{CheckRateInput, HitInput, ResetInput, Scope, SettleInput};
@@ -248,4 +248,49 @@ pub fn check_rate(
         timeout: timeout("timeout_ms", request.timeout_ms, defaults)?,
         scope: scope("scope", request.scope)?,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use prost::Message;
+
+    use super::*;
+    use crate::limits::API_MESSAGE_BYTES_MAX;
+
+    #[test]
+    fn the_api_limit_fits_the_largest_valid_request() {
+        let id = "x".repeat(ID_BYTES_MAX);
+        let charges = (0..CHARGES_MAX)
+            .map(|n| pb::Charge {
+                kind: pb::Kind::Bytes as i32,
+                tenant: format!("{n:x<ID_BYTES_MAX$}"),
+                increment_us: YEAR_US,
+                capacity_us: YEAR_US,
+            })
+            .collect();
+        let largest = pb::HitRequest {
+            charges,
+            claim: Some(pb::Claim {
+                tenant: id.clone(),
+                source_id: id.clone(),
+                key: "k".repeat(KEY_BYTES_MAX),
+                hook_id: id,
+                ttl_ms: TTL_MS_MAX,
+                pending_ttl_ms: TTL_MS_MAX,
+            }),
+            timeout_ms: crate::contract::TIMEOUT_MS_MAX,
+            rate_limit_scope: pb::Scope::Fleet as i32,
+            dedupe_scope: pb::Scope::Fleet as i32,
+        };
+        let defaults = RequestDefaults {
+            timeout: std::time::Duration::from_secs(1),
+            claim_ttl_ms: 1_000,
+        };
+        hit(&largest, defaults).expect("the largest request is valid");
+        let bytes = largest.encoded_len();
+        // Room for it, and not much more: a limit far above the largest valid request would
+        // only let an invalid one cost more to read before it is refused.
+        assert!(bytes <= API_MESSAGE_BYTES_MAX, "{bytes} bytes");
+        assert!(bytes * 4 > API_MESSAGE_BYTES_MAX, "{bytes} bytes");
+    }
 }

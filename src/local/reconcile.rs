@@ -8,9 +8,8 @@
 //!    had it for this hook): forgotten locally. `Duplicate`/`Pending` for another hook: a
 //!    conflict — the fleet's holder is kept, never overwritten; counted and logged.
 //! 2. Then queued settles, oldest first per key: a commit goes as `ReconcileCommit` (like a
-//!    commit, but it replaces a claim held pending for another hook by this same node: that
-//!    can only be a late commit of a hit this node already answered locally); a release is
-//!    an ordinary release. A `Conflict` keeps the fleet's holder: counted, logged, and the
+//!    commit, but it wins over a claim another hook holds pending: this hook is stored,
+//!    contract §7); a release is an ordinary release. A `Conflict` keeps the fleet's holder: counted, logged, and the
 //!    settle leaves the queue.
 //! 3. Then charges: one `Absorb` per bucket with the summed increments, capped at one burst
 //!    window, so locally granted hits spend the fleet budget.
@@ -19,18 +18,41 @@
 //! A step that gets no answer stops the round; everything not yet applied stays queued for
 //! the next round (also across a restart, for claims and settles).
 
+use std::collections::HashSet;
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::watch;
 use tokio::time::Instant;
 
+use super::settle_queue::QueuedSettle;
+use super::{Fallback, LocalError};
 use crate::clock::wall_clock_us;
-use crate::node::{Node, NodeError};
-use std::collections::HashSet;
+use crate::state::{Answer, ClaimRequest, Command, HitAnswer, NodeId, SettleAnswer, SettleOutcome};
 
-use crate::local::settle_queue::QueuedSettle;
-use crate::state::{Answer, ClaimRequest, Command, HitAnswer, SettleAnswer, SettleOutcome};
+/// What reconciliation needs of its node: who it is, whether it knows a leader, its
+/// fallback state, and the way to the fleet (`node::Node` implements it).
+pub trait Fleet: Send + Sync + 'static {
+    /// Why a proposal did not get an answer.
+    type Error: std::fmt::Display + From<LocalError> + Send;
+
+    fn node_id(&self) -> NodeId;
+    fn leader_known(&self) -> bool;
+    fn fallback(&self) -> &Fallback;
+    /// Commits `command` through the fleet by `deadline`.
+    fn propose(
+        &self,
+        command: Command,
+        deadline: Instant,
+    ) -> impl Future<Output = Result<Answer, Self::Error>> + Send;
+    /// As [`Fleet::propose`], for a hit-shaped command.
+    fn propose_hit(
+        &self,
+        command: Command,
+        deadline: Instant,
+    ) -> impl Future<Output = Result<HitAnswer, Self::Error>> + Send;
+}
 
 /// How often the reconciler looks for local decisions to hand over.
 const ROUND_INTERVAL: Duration = Duration::from_millis(200);
@@ -38,18 +60,18 @@ const ROUND_INTERVAL: Duration = Duration::from_millis(200);
 const PROPOSAL_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Runs rounds until `stopped` turns true.
-pub async fn run(node: Arc<Node>, mut stopped: watch::Receiver<bool>) {
+pub async fn run<N: Fleet>(node: Arc<N>, mut stopped: watch::Receiver<bool>) {
     loop {
         tokio::select! {
             _ = tokio::time::sleep(ROUND_INTERVAL) => {}
             _ = stopped.wait_for(|stop| *stop) => return,
         }
-        if node.status().leader_id.is_none() || !node.fallback().has_unreconciled() {
+        if !node.leader_known() || !node.fallback().has_unreconciled() {
             continue;
         }
-        match round(&node).await {
+        match round(node.as_ref()).await {
             Ok(()) => tracing::info!(
-                node_id = node.id(),
+                node_id = node.node_id(),
                 "local decisions reconciled with the fleet"
             ),
             Err(e) => tracing::debug!(error = %e, "reconciliation round stopped; retrying"),
@@ -61,7 +83,7 @@ pub async fn run(node: Arc<Node>, mut stopped: watch::Receiver<bool>) {
 ///
 /// # Errors
 /// The first proposal the fleet did not answer; the rest waits for the next round.
-pub async fn round(node: &Node) -> Result<(), NodeError> {
+pub async fn round<N: Fleet>(node: &N) -> Result<(), N::Error> {
     claims(node).await?;
     settles(node).await?;
     charges(node).await
@@ -74,7 +96,7 @@ fn conflict(what: &'static str) {
 /// Most proposals of one round in flight at once (they share log entries).
 const ROUND_PROPOSALS_MAX: usize = 256;
 
-async fn claims(node: &Node) -> Result<(), NodeError> {
+async fn claims<N: Fleet>(node: &N) -> Result<(), N::Error> {
     let now_us = wall_clock_us();
     let pending = node.fallback().engine.pending_claims();
     for chunk in pending.chunks(ROUND_PROPOSALS_MAX) {
@@ -93,7 +115,7 @@ async fn claims(node: &Node) -> Result<(), NodeError> {
             let hit = Command::Hit {
                 charges: Vec::new(),
                 claim: Some(claim),
-                node: node.id(),
+                node: node.node_id(),
             };
             node.propose_hit(hit, deadline)
         });
@@ -151,12 +173,12 @@ fn settle_chunks(queued: Vec<(u64, QueuedSettle)>) -> Vec<Vec<(u64, QueuedSettle
     chunks
 }
 
-async fn settles(node: &Node) -> Result<(), NodeError> {
+async fn settles<N: Fleet>(node: &N) -> Result<(), N::Error> {
     for chunk in settle_chunks(node.fallback().queue.all()?) {
         let deadline = Instant::now() + PROPOSAL_TIMEOUT;
         let proposals = chunk
             .iter()
-            .map(|(_, queued)| node.propose(settle_command(queued, node.id()), deadline));
+            .map(|(_, queued)| node.propose(settle_command(queued, node.node_id()), deadline));
         let answers = futures::future::join_all(proposals).await;
         for ((seq, queued), answer) in chunk.iter().zip(answers) {
             if let Answer::Settle(SettleAnswer::Conflict { holder }) = &answer? {
@@ -171,7 +193,7 @@ async fn settles(node: &Node) -> Result<(), NodeError> {
     Ok(())
 }
 
-async fn charges(node: &Node) -> Result<(), NodeError> {
+async fn charges<N: Fleet>(node: &N) -> Result<(), N::Error> {
     let charges = node.fallback().ledger.take();
     if charges.is_empty() {
         return Ok(());

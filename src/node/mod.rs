@@ -547,6 +547,34 @@ fn mixed_decision(
     }
 }
 
+impl crate::local::reconcile::Fleet for Node {
+    type Error = NodeError;
+
+    fn node_id(&self) -> NodeId {
+        self.id
+    }
+
+    fn leader_known(&self) -> bool {
+        self.raft.metrics().borrow().current_leader.is_some()
+    }
+
+    fn fallback(&self) -> &Fallback {
+        &self.fallback
+    }
+
+    async fn propose(&self, command: Command, deadline: Instant) -> Result<Answer, NodeError> {
+        Node::propose(self, command, deadline).await
+    }
+
+    async fn propose_hit(
+        &self,
+        command: Command,
+        deadline: Instant,
+    ) -> Result<HitAnswer, NodeError> {
+        Node::propose_hit(self, command, deadline).await
+    }
+}
+
 fn settle_answer(answer: Answer) -> Result<SettleAnswer, NodeError> {
     match answer {
         Answer::Settle(answer) => Ok(answer),

@@ -16,6 +16,7 @@ pub mod faults;
 pub mod log_store;
 pub mod network;
 pub mod service;
+pub mod snapshot;
 pub mod state_machine;
 
 /// What openraft stores per member: where to reach it.

@@ -25,7 +25,7 @@ use crate::codec;
 use crate::lock::lock;
 use crate::pb::internal::peer_server::Peer;
 use crate::pb::internal::{PeerFrame, PeerMethod, RaftMessage};
-use crate::snapshot::HEADER_LEN;
+use crate::raft::snapshot::HEADER_LEN;
 
 /// Where `Propose` calls go: the node's proposal queue (implemented by `node`).
 pub trait ProposalSink: Send + Sync + 'static {
@@ -116,7 +116,7 @@ impl SnapshotIntake {
         self.received_bytes = self.received_bytes.max(end);
         if done {
             let body_bytes = self.received_bytes.saturating_sub(HEADER_LEN as u64);
-            crate::snapshot::check_header(
+            crate::raft::snapshot::check_header(
                 &self.header,
                 body_bytes,
                 self.body_crc.clone().finalize(),
@@ -385,7 +385,8 @@ mod tests {
     }
 
     fn a_snapshot() -> Vec<u8> {
-        crate::snapshot::encode(&crate::snapshot::SnapshotBody::default()).expect("encode")
+        crate::raft::snapshot::encode(&crate::raft::snapshot::SnapshotBody::default())
+            .expect("encode")
     }
 
     #[test]

@@ -6,6 +6,7 @@
 //! hot path and storing them in sled is `state::store`'s job.
 
 pub mod bench;
+mod build;
 pub mod policy;
 pub mod store;
 

@@ -1,6 +1,6 @@
 //! How the latest snapshot is laid out in its sled tree: a record (meta, generation,
-//! length) under [`CURRENT_KEY`] and the encoded bytes in [`CHUNK_BYTES`] pieces under
-//! [`chunk_key`].
+//! length) under `CURRENT_KEY` and the encoded bytes in `CHUNK_BYTES` pieces under
+//! `chunk_key`.
 //!
 //! In chunks, sled copies one megabyte at a time on the way in, never the whole snapshot
 //! (docs/decisions has the measurement).
@@ -9,10 +9,14 @@
 //! prefix of its writes after a crash, so the record never names chunks that are not there.
 //! Chunks of any other generation are leftovers and are removed.
 
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use openraft::StorageIOError;
 use serde::{Deserialize, Serialize};
 
 use crate::codec;
-use crate::raft::SnapshotMeta;
+use crate::raft::{SnapshotMeta, StorageError};
 use crate::storage::sled_disk::SledDisk;
 
 /// The sled tree holding the latest snapshot (laid out by this module).
@@ -26,7 +30,7 @@ pub enum StateStoreError {
     #[error("syncing sled to the disk: {0}")]
     Sync(#[from] std::io::Error),
     #[error("stored snapshot is unreadable: {0}")]
-    Snapshot(#[from] crate::snapshot::SnapshotFormatError),
+    Snapshot(#[from] crate::raft::snapshot::SnapshotFormatError),
     #[error("stored snapshot metadata is unreadable: {0}")]
     Meta(#[from] codec::CodecError),
     #[error(
@@ -42,6 +46,104 @@ pub enum StateStoreError {
 pub(crate) struct StoredSnapshot {
     pub(crate) meta: SnapshotMeta,
     pub(crate) data: Vec<u8>,
+}
+
+/// The node's stored snapshot: its sled tree, its size, and the turns writes take (cheap
+/// to clone: clones share one store).
+#[derive(Clone)]
+pub struct SnapshotStore {
+    inner: Arc<StoreInner>,
+}
+
+struct StoreInner {
+    tree: sled::Tree,
+    disk: SledDisk,
+    /// Size of the current snapshot (0: none yet).
+    bytes: AtomicU64,
+    /// Tells the snapshots this node builds apart.
+    seq: AtomicU64,
+    /// Held while a snapshot is written (see [`SnapshotStore::persist`]).
+    writing: Mutex<()>,
+}
+
+impl SnapshotStore {
+    /// Opens the snapshot tree of `disk`, with the snapshot it holds, if any.
+    ///
+    /// # Errors
+    /// When sled fails or the stored record or chunks do not add up.
+    pub(crate) fn open(disk: &SledDisk) -> Result<(Self, Option<StoredSnapshot>), StateStoreError> {
+        let tree = disk.db().open_tree(SNAPSHOT_TREE)?;
+        let current = read(&tree)?;
+        let bytes = current
+            .as_ref()
+            .map_or(0, |stored| stored.data.len() as u64);
+        let store = Self {
+            inner: Arc::new(StoreInner {
+                tree,
+                disk: disk.clone(),
+                bytes: AtomicU64::new(bytes),
+                seq: AtomicU64::new(0),
+                writing: Mutex::new(()),
+            }),
+        };
+        Ok((store, current))
+    }
+
+    /// Size in bytes of the current snapshot, built here or installed (0: none yet).
+    pub fn bytes(&self) -> u64 {
+        self.inner.bytes.load(Ordering::Relaxed)
+    }
+
+    /// A number no other snapshot built by this process has.
+    pub(crate) fn next_seq(&self) -> u64 {
+        self.inner.seq.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// The current snapshot, if any.
+    ///
+    /// # Errors
+    /// As [`read`].
+    pub(crate) fn current(&self) -> Result<Option<StoredSnapshot>, StateStoreError> {
+        read(&self.inner.tree)
+    }
+
+    /// Writes `data` as the current snapshot and syncs it to the disk (openraft purges the
+    /// log it covers once this returns), off the async runtime; hands `data` back (it is
+    /// moved to the blocking thread, not copied).
+    ///
+    /// openraft builds snapshots in a task of their own, so a build can finish while an
+    /// installed snapshot is being stored: writes take turns, and one older than the stored
+    /// snapshot is not written (openraft drops an older build too), so the stored snapshot
+    /// never goes back behind a log that may already be purged.
+    ///
+    /// # Errors
+    /// When sled fails or its files cannot be synced.
+    pub async fn persist(
+        &self,
+        meta: &SnapshotMeta,
+        data: Vec<u8>,
+    ) -> Result<Vec<u8>, StorageError> {
+        let signature = meta.signature();
+        let inner = Arc::clone(&self.inner);
+        let meta = meta.clone();
+        let written = tokio::task::spawn_blocking(move || {
+            let _one_at_a_time = crate::lock::lock(&inner.writing);
+            if write(&inner.tree, &inner.disk, &meta, &data)? {
+                inner.bytes.store(data.len() as u64, Ordering::Relaxed);
+            } else {
+                tracing::info!(
+                    snapshot_id = %meta.snapshot_id,
+                    "not stored: a newer snapshot is already stored"
+                );
+            }
+            Ok(data)
+        })
+        .await
+        .map_err(|e| StorageIOError::write_snapshot(Some(signature.clone()), &e))?;
+        written.map_err(|e: StateStoreError| {
+            StorageIOError::write_snapshot(Some(signature), &e).into()
+        })
+    }
 }
 
 /// The record naming the current snapshot.
@@ -225,5 +327,43 @@ mod tests {
             "the leftover and the old chunk are gone"
         );
         assert_eq!(read(&tree).expect("read").expect("a snapshot").data, b"b");
+    }
+
+    /// A build that finishes after a newer snapshot was installed does not replace it: the
+    /// stored snapshot, and the size the snapshot policy reads, stay the newer one.
+    #[tokio::test]
+    async fn an_older_snapshot_never_replaces_a_newer_stored_one() {
+        let (_dir, db, _tree) = open();
+        let (snapshots, _) = SnapshotStore::open(&db).expect("open");
+        let meta = |index: u64| SnapshotMeta {
+            last_log_id: Some(openraft::LogId::new(
+                openraft::CommittedLeaderId::new(1, 1),
+                index,
+            )),
+            last_membership: Default::default(),
+            snapshot_id: format!("1-1-{index}"),
+        };
+        let stored_index = || {
+            snapshots
+                .current()
+                .expect("read")
+                .and_then(|stored| stored.meta.last_log_id)
+                .map(|log_id| log_id.index)
+        };
+        snapshots
+            .persist(&meta(10), vec![10; 100])
+            .await
+            .expect("persist");
+        assert_eq!((stored_index(), snapshots.bytes()), (Some(10), 100));
+        snapshots
+            .persist(&meta(5), vec![5; 50])
+            .await
+            .expect("persist");
+        assert_eq!((stored_index(), snapshots.bytes()), (Some(10), 100));
+        snapshots
+            .persist(&meta(12), vec![12; 120])
+            .await
+            .expect("persist");
+        assert_eq!((stored_index(), snapshots.bytes()), (Some(12), 120));
     }
 }

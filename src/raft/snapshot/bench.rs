@@ -12,9 +12,9 @@ use std::time::Instant;
 use anyhow::Context;
 use serde::Serialize;
 
+use crate::raft::snapshot;
+use crate::raft::snapshot::store as chunks;
 use crate::raft::{SnapshotMeta, StoredMembership};
-use crate::snapshot;
-use crate::snapshot::store as chunks;
 use crate::state::{
     rules, BucketKey, Charge, ClaimKey, ClaimRequest, Command, FleetState, HookId, Kind, SourceId,
     TenantId,
@@ -135,7 +135,9 @@ pub fn run(plan: &SnapshotBenchPlan) -> anyhow::Result<SnapshotBenchSummary> {
     let _scratch = RemovedOnDrop(dir.clone());
     let db = SledDisk::open(&dir, 64 << 20)
         .with_context(|| format!("opening a scratch sled database in {}", dir.display()))?;
-    let tree = db.db().open_tree(crate::snapshot::store::SNAPSHOT_TREE)?;
+    let tree = db
+        .db()
+        .open_tree(crate::raft::snapshot::store::SNAPSHOT_TREE)?;
     let membership = StoredMembership::default();
     let mut rounds = Vec::with_capacity(plan.rounds);
     for round in 0..plan.rounds {
