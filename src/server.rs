@@ -119,7 +119,7 @@ fn raft_config(config: &NodeConfig) -> Result<openraft::Config, openraft::Config
         election_timeout_min: config.election_timeout_ms_min,
         election_timeout_max: config.election_timeout_ms_max,
         install_snapshot_timeout: INSTALL_SNAPSHOT_TIMEOUT_MS,
-        // `node::snapshots` decides when (entries and log size, not entries alone).
+        // `raft::snapshot::policy` decides when (entries and log size, not entries alone).
         snapshot_policy: openraft::SnapshotPolicy::Never,
         max_in_snapshot_log_to_keep: config.snapshot_logs_kept,
         ..openraft::Config::default()

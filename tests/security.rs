@@ -361,13 +361,20 @@ async fn sigterm_drains_a_leader_under_load_and_loses_nothing_it_answered() {
         let (keys, ended) = worker.await.expect("worker");
         // A worker's next call after the drain began met the gate (refused), was still
         // queued in the client when the server's GOAWAY closed the connection (hyper cancels
-        // it unsent), or found the listener gone. Each of those never reached the node; a
-        // call cut off while the node worked on it would end otherwise.
+        // it unsent), went out on a stream past the GOAWAY's last stream id (the server
+        // never read it: h2 fails it with that GOAWAY), or found the listener gone. Each of
+        // those never reached the node; a call cut off while the node worked on it would end
+        // otherwise. h2 also fails a stream with the GOAWAY when the connection closes under
+        // it, which the server does only once every call in flight was answered (the drain
+        // said so in its log, checked below).
+        let went_past_the_goaway = ended.contains("GoAway(b\"\", NO_ERROR, Remote)");
         if ended.contains("shutting down") {
             refused_by_the_gate += 1;
         } else {
             assert!(
-                ended.contains("operation was canceled") || ended.contains("tcp connect error"),
+                ended.contains("operation was canceled")
+                    || ended.contains("tcp connect error")
+                    || went_past_the_goaway,
                 "a worker ended with: {ended}"
             );
         }
@@ -376,6 +383,11 @@ async fn sigterm_drains_a_leader_under_load_and_loses_nothing_it_answered() {
     assert!(
         refused_by_the_gate > 0,
         "no call was refused by the drain gate"
+    );
+    assert_eq!(
+        fleet.log_lines(leader, &["drained: every call in flight was answered"]),
+        1,
+        "the drain answered every call in flight before the servers stopped"
     );
     tracing::info!(
         committed = committed.len(),

@@ -298,7 +298,7 @@ def main():
 
 
 def check(sock, sha):
-    """Exercises hit.lua's answers once (SPEC 4-5), on keys of its own."""
+    """Exercises hit.lua's answers once (contract §4–5, docs/contract.md), on keys of its own."""
     tag = "check:%d:%d" % (os.getpid(), time.time_ns())
     b, c1, c2 = "b:" + tag, "c1:" + tag, "c2:" + tag
 

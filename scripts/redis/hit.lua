@@ -1,4 +1,4 @@
--- hit.lua: ankusa-fleet's hit (SPEC sections 4 and 5) for one charge and one claim, as one
+-- hit.lua: ankusa-fleet's hit (docs/contract.md §4 and §5) for one charge and one claim, as one
 -- atomic Redis script. Used by scripts/compare-redis.sh to compare against the fleet.
 --
 -- EVALSHA <sha> 2 <bucket_key> <claim_key> <increment_us> <capacity_us> <hook_id> <pending_ttl_ms>

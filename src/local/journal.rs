@@ -430,7 +430,7 @@ fn replay(path: &Path, now_us: u64) -> std::io::Result<Replayed> {
             Err(Stop::Zeros) => {
                 // Never written by the journal (its records are never empty): a crash that
                 // left allocated but unwritten blocks.
-                tracing::warn!(path = %path.display(), offset, "claim journal: dropped a tail of zeros");
+                tracing::warn!(path = %path.display(), offset, "claim journal: dropped a tail from a zero-length record header");
                 damaged = true;
                 break;
             }

@@ -3,7 +3,7 @@
 //! bounds it by its deadline, and says who decided the answer.
 //!
 //! It never names tonic or sled: the transport lives in `raft::network`/`api`, storage in
-//! `raft::log_store`/`state::store`/`fallback`.
+//! `raft::log_store`, `raft::state_machine` and `local`.
 
 use tokio::time::Instant;
 
@@ -307,11 +307,15 @@ impl Node {
         let decided = match self.propose_hit(take, deadline).await {
             Ok(answer) => Ok((answer, None)),
             Err(e) if e.fleet_unavailable() => {
-                let local = self.fallback_hit(&[], Some(claim), &e)?;
-                Ok((local.answer, Some(self.local_reason(&e))))
+                self.fallback_hit(&[], Some(claim), &e)
+                    .map(|local| match local.decided_by {
+                        DecidedBy::Local { reason } => (local.answer, Some(reason)),
+                        DecidedBy::Fleet => (local.answer, None),
+                    })
             }
             Err(e) => Err(e),
         };
+        // Given back unless the claim was taken, also when no answer came at all.
         if !matches!(&decided, Ok((answer, _)) if *answer == HitAnswer::Allowed) {
             self.local.refund(spent);
         }
@@ -335,7 +339,7 @@ impl Node {
             Scope::Node => {
                 let answer = self.local.apply(&command, Some(&input.key))?;
                 // A settle is answered once its record is on disk (hits need not wait:
-                // see `fallback::journal`).
+                // see `local::journal`).
                 self.local.sync().await?;
                 return settle_answer(answer).map(Decided::node_scope);
             }
@@ -585,5 +589,50 @@ fn settle_answer(answer: Answer) -> Result<SettleAnswer, NodeError> {
 fn mismatched(answer: &Answer) -> NodeError {
     NodeError::Fatal {
         reason: format!("the state machine answered {answer:?} to another kind of command"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::state::ClaimKey;
+
+    /// Contract §8: one part in each scope says local, naming the node-scoped part, and then
+    /// why the fleet part was local too, when it was.
+    #[test]
+    fn a_mixed_decision_names_its_node_part_then_why_the_fleet_was_not_asked() {
+        let claim = ClaimRequest {
+            key: ClaimKey {
+                tenant: "t".into(),
+                source_id: "s".into(),
+                key: "k".into(),
+            },
+            hook_id: "h".into(),
+            ttl_ms: 1,
+            pending_ttl_ms: 1,
+        };
+        let reason = |route: &Route, missed: Option<&str>| match mixed_decision(
+            HitAnswer::Allowed,
+            route,
+            missed.map(str::to_owned),
+        ) {
+            Decided {
+                answer: HitAnswer::Allowed,
+                decided_by: DecidedBy::Local { reason },
+            } => reason,
+            other => panic!("{other:?}"),
+        };
+        let node_claim = Route::FleetChargesNodeClaim(&claim);
+        let node_charges = Route::NodeChargesFleetClaim(&claim);
+        assert_eq!(reason(&node_claim, None), "node scope: claim");
+        assert_eq!(reason(&node_charges, None), "node scope: charges");
+        assert_eq!(
+            reason(&node_claim, Some("no leader")),
+            "node scope: claim; no leader"
+        );
+        assert_eq!(
+            reason(&node_charges, Some("deadline")),
+            "node scope: charges; deadline"
+        );
     }
 }

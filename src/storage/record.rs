@@ -26,7 +26,8 @@ pub struct TooLarge {
 pub enum Stop {
     /// The input ended exactly where a record would start.
     End,
-    /// A zero length: nothing was ever written from here on (a WAL segment's zeros).
+    /// A zero length: a WAL segment's zeros, where nothing was written yet (in a file that
+    /// is not made of zeros, a header that says no body).
     Zeros,
     /// The record here is torn or corrupt.
     Torn(String),

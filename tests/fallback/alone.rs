@@ -120,6 +120,18 @@ async fn mixed_scope_hits_fall_back_too() {
         );
         assert_eq!(outcome(&first), Outcome::Allowed, "{key}");
         assert_eq!(first.decided_by, pb::DecidedBy::Local as i32, "{key}");
+        // A mixed hit says local anyway (contract §8); that its fleet part fell back too
+        // is in the reason, after the node-scoped part.
+        let node_part = if claim_scope == pb::Scope::Node {
+            "node scope: claim; "
+        } else {
+            "node scope: charges; "
+        };
+        assert!(
+            first.local_reason.starts_with(node_part) && first.local_reason.len() > node_part.len(),
+            "{key}: the reason names the node part and why the fleet part was local: {:?}",
+            first.local_reason
+        );
         let second = client
             .hit(mixed(charges_scope, claim_scope, key, "hook-2"))
             .await

@@ -210,7 +210,7 @@ where
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use std::sync::Mutex;
 
     use super::*;
@@ -269,7 +269,13 @@ mod tests {
         openraft::LogId::new(openraft::CommittedLeaderId::new(term, 1), index)
     }
 
-    fn append(term: u64, prev: u64, entries: &[u64]) -> AppendEntriesRequest<TypeConfig> {
+    /// An `AppendEntries` of leader 1 in `term`: `entries` (blank, by index) after `prev`,
+    /// the commit at `prev`.
+    pub(crate) fn append(
+        term: u64,
+        prev: u64,
+        entries: &[u64],
+    ) -> AppendEntriesRequest<TypeConfig> {
         AppendEntriesRequest {
             vote: openraft::Vote::new_committed(term, 1),
             prev_log_id: Some(log_id(term, prev)),

@@ -13,6 +13,7 @@ use tonic::{Request, Response, Status, Streaming};
 
 use super::*;
 use crate::pb::internal::peer_server::{Peer, PeerServer};
+use crate::raft::durability::network::tests::append;
 
 /// How the stub serves `Exchange`.
 #[derive(Clone, Copy)]
@@ -290,25 +291,6 @@ async fn an_unanswered_call_times_out_and_is_forgotten() {
         .await
         .expect("answered");
     assert_eq!(answer, b"stream:\x08");
-}
-
-fn log_id(term: u64, index: u64) -> crate::raft::LogId {
-    openraft::LogId::new(openraft::CommittedLeaderId::new(term, 1), index)
-}
-
-fn append(term: u64, prev: u64, entries: &[u64]) -> AppendEntriesRequest<TypeConfig> {
-    AppendEntriesRequest {
-        vote: openraft::Vote::new_committed(term, 1),
-        prev_log_id: Some(log_id(term, prev)),
-        entries: entries
-            .iter()
-            .map(|index| crate::raft::Entry {
-                log_id: log_id(term, *index),
-                payload: openraft::EntryPayload::Blank,
-            })
-            .collect(),
-        leader_commit: Some(log_id(term, prev)),
-    }
 }
 
 /// Sends `append(term, prev, entries)` through `peer` and expects it accepted.

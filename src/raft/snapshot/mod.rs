@@ -2,8 +2,8 @@
 //! body) followed by the encoded [`SnapshotBody`]. The checksum is computed when writing
 //! and verified when reading, so a torn or corrupted snapshot is refused, never installed.
 //!
-//! This module only turns a state image into bytes and back; building snapshots off the
-//! hot path and storing them in sled is `state::store`'s job.
+//! This module turns a state image into bytes and back; when to take a snapshot is
+//! [`policy`], building one off the hot path is `build`, keeping it in sled is [`store`].
 
 pub mod bench;
 mod build;
