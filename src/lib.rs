@@ -42,6 +42,7 @@ pub mod contract;
 pub mod limits;
 pub mod local;
 pub mod lock;
+pub mod nemesis;
 pub mod node;
 pub mod raft;
 pub mod server;

@@ -51,6 +51,22 @@ enum Cmd {
     /// Make a fleet CA and one certificate per node, for [peer_tls] (reuses a CA already in
     /// --out).
     Certs(ankusa_fleet::tls::CertsPlan),
+    /// Start a fleet of its own, run a seeded workload under a seeded fault schedule, check
+    /// the history; exits 0 if and only if no anomaly was found (docs/reliability.md).
+    Nemesis {
+        #[arg(long)]
+        seed: u64,
+        #[arg(long, default_value_t = 60)]
+        duration_s: u64,
+        #[arg(long, default_value_t = 3, value_parser = clap::builder::RangedU64ValueParser::<u64>::new().range(3..=5))]
+        nodes: u64,
+        /// Clients per node.
+        #[arg(long, default_value_t = 2)]
+        clients: usize,
+        /// What a call may take beyond its timeout_ms before the deadline checker objects.
+        #[arg(long, default_value_t = 5)]
+        deadline_slack_ms: u64,
+    },
 }
 
 #[derive(Subcommand)]
@@ -160,6 +176,28 @@ async fn main() -> anyhow::Result<()> {
         Cmd::BenchSnapshot(plan) => {
             let summary = ankusa_fleet::raft::snapshot::bench::run(&plan)?;
             println!("{}", serde_json::to_string_pretty(&summary)?);
+            Ok(())
+        }
+        Cmd::Nemesis {
+            seed,
+            duration_s,
+            nodes,
+            clients,
+            deadline_slack_ms,
+        } => {
+            let plan = ankusa_fleet::nemesis::Plan {
+                seed,
+                duration: std::time::Duration::from_secs(duration_s),
+                nodes,
+                clients_per_node: clients,
+                deadline_slack: std::time::Duration::from_millis(deadline_slack_ms),
+            };
+            let outcomes = ankusa_fleet::nemesis::run(&plan).await?;
+            print!("{}", outcomes.report(&plan));
+            if !outcomes.findings.anomalies.is_empty() {
+                std::process::exit(1);
+            }
+            let _ = std::fs::remove_dir_all(&outcomes.dir);
             Ok(())
         }
         Cmd::Certs(plan) => {

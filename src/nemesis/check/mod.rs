@@ -1,0 +1,97 @@
+//! The checkers a nemesis history goes through; each returns the anomalies it found.
+
+pub mod claims;
+pub mod lin;
+
+use crate::nemesis::history::Op;
+
+/// Something a checker found that the contract forbids.
+#[derive(Clone, Debug)]
+pub struct Anomaly {
+    /// Which checker found it.
+    pub checker: &'static str,
+    pub detail: String,
+    /// The ops involved, by id.
+    pub ops: Vec<usize>,
+}
+
+/// A time a node could not answer: paused, or down until restarted (microseconds since
+/// the run began).
+#[derive(Clone, Copy, Debug)]
+pub struct Downtime {
+    pub node: u64,
+    pub from_us: u64,
+    pub to_us: u64,
+}
+
+/// What every call may take beyond its `timeout_ms` (contract §7: a few milliseconds of
+/// local work).
+pub const DEADLINE_SLACK_US: u64 = 5_000;
+
+/// Calls to a node that was up throughout which returned later than their timeout allows.
+pub fn deadlines(history: &[Op], downtimes: &[Downtime], slack_us: u64) -> Vec<Anomaly> {
+    history
+        .iter()
+        .filter(|op| {
+            let took_us = op.return_us.saturating_sub(op.invoke_us);
+            let was_down = downtimes.iter().any(|down| {
+                down.node == op.node && down.from_us < op.return_us && down.to_us > op.invoke_us
+            });
+            !was_down && took_us > op.timeout_ms * 1_000 + slack_us
+        })
+        .map(|op| Anomaly {
+            checker: "deadline",
+            detail: format!(
+                "op {} on node {}: {:?} took {} ms with timeout_ms {}",
+                op.id,
+                op.node,
+                op.request,
+                (op.return_us - op.invoke_us) / 1_000,
+                op.timeout_ms
+            ),
+            ops: vec![op.id],
+        })
+        .collect()
+}
+
+/// What the checkers concluded.
+#[derive(Debug, Default)]
+pub struct Findings {
+    pub anomalies: Vec<Anomaly>,
+    /// Keys whose linearizability search ran out of steps (not anomalies).
+    pub inconclusive_keys: Vec<String>,
+    /// Keys checked for linearizability.
+    pub keys_checked: usize,
+    /// How long the checkers took.
+    pub checked_in: std::time::Duration,
+}
+
+/// Runs every checker over `history`.
+pub fn all(history: &[Op], downtimes: &[Downtime], slack_us: u64) -> Findings {
+    let mut findings = Findings::default();
+    for (key, verdict) in lin::check(history) {
+        findings.keys_checked += 1;
+        match verdict {
+            lin::Verdict::Linearizable => {}
+            lin::Verdict::Inconclusive => findings.inconclusive_keys.push(key),
+            lin::Verdict::NotLinearizable { ops } => findings.anomalies.push(Anomaly {
+                checker: "linearizability",
+                detail: format!(
+                    "claim key {key}: no order of its {} calls explains the fleet's answers",
+                    ops.len()
+                ),
+                ops,
+            }),
+        }
+    }
+    findings
+        .anomalies
+        .extend(claims::duplicates_without_a_commit(history));
+    findings
+        .anomalies
+        .extend(claims::committed_claims_lost(history));
+    findings
+        .anomalies
+        .extend(deadlines(history, downtimes, slack_us));
+    findings
+}

@@ -1,0 +1,266 @@
+//! The workload: clients on every node sending claims, settles, charges and resets, each
+//! call recorded with its invocation and return time.
+//!
+//! Claims go to a small key space that moves on every [`KEY_WINDOW_MS`], so hooks on
+//! different nodes collide on the same keys while they are fresh: one takes the claim, the
+//! others see it pending, then duplicate once it commits, or free again once released. A
+//! client that took a claim settles it (commit mostly, release sometimes), retrying with
+//! the same hook while the answer is unknown, as an edge would.
+
+use std::time::Duration;
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use tokio::sync::watch;
+use tonic::transport::Channel;
+
+use super::history::{Answer, Decided, Op, Outcome, Recorder, Request};
+use crate::pb;
+use crate::pb::fleet_client::FleetClient;
+
+/// The tenant and source of every checked claim.
+const TENANT: &str = "nemesis";
+const SOURCE: &str = "provider";
+/// Claims in the checked key space outlive any run (the checker's model has no clock).
+const CLAIM_TTL_MS: u64 = 3_600_000;
+/// How long a set of keys is fresh.
+pub const KEY_WINDOW_MS: u64 = 2_000;
+/// Keys fresh at once.
+const KEYS_PER_WINDOW: u64 = 4;
+/// Every call's deadline.
+pub const CALL_TIMEOUT_MS: u64 = 300;
+/// Times a client retries a settle whose answer is unknown before it leaves it.
+const SETTLE_TRIES: usize = 5;
+
+/// One client, bound to one node.
+pub struct Client {
+    pub id: usize,
+    pub node: u64,
+    pub api_addr: String,
+    pub seed: u64,
+}
+
+/// How long a client waits for any answer (a paused node gives none) before it calls the
+/// outcome unknown.
+const CLIENT_WAIT: Duration = Duration::from_millis(3 * CALL_TIMEOUT_MS);
+
+async fn bounded<T>(
+    call: impl std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+) -> Result<tonic::Response<T>, tonic::Status> {
+    tokio::time::timeout(CLIENT_WAIT, call)
+        .await
+        .unwrap_or_else(|_| Err(tonic::Status::deadline_exceeded("no answer from the node")))
+}
+
+fn decided(decided_by: i32) -> Decided {
+    if decided_by == pb::DecidedBy::Local as i32 {
+        Decided::Local
+    } else {
+        Decided::Fleet
+    }
+}
+
+impl Client {
+    /// Sends calls until `stop` turns true.
+    pub async fn run(self, recorder: Recorder, mut stop: watch::Receiver<bool>) {
+        let mut rng = StdRng::seed_from_u64(self.seed ^ (self.id as u64).wrapping_mul(0x9e37_79b9));
+        let endpoint =
+            match tonic::transport::Endpoint::from_shared(format!("http://{}", self.api_addr)) {
+                Ok(endpoint) => endpoint.connect_timeout(Duration::from_millis(CALL_TIMEOUT_MS)),
+                Err(_) => return,
+            };
+        let mut client = FleetClient::new(endpoint.connect_lazy());
+        let mut seq = 0u64;
+        while !*stop.borrow() {
+            seq += 1;
+            let roll = rng.gen_range(0..100);
+            if roll < 70 {
+                let window = recorder.now_us() / 1_000 / KEY_WINDOW_MS;
+                let key = format!("w{window}-k{}", rng.gen_range(0..KEYS_PER_WINDOW));
+                let hook = format!("c{}-{seq}", self.id);
+                let answer = self.claim(&mut client, &recorder, &key, &hook).await;
+                if answer == Some(Answer::Allowed) {
+                    let commit = rng.gen_bool(0.7);
+                    for _ in 0..SETTLE_TRIES {
+                        if self
+                            .settle(&mut client, &recorder, &key, &hook, commit)
+                            .await
+                        {
+                            break;
+                        }
+                    }
+                }
+            } else if roll < 97 {
+                let tenant = format!("t{}", rng.gen_range(0..3));
+                self.charge(&mut client, &recorder, &tenant).await;
+            } else {
+                let tenant = format!("t{}", rng.gen_range(0..3));
+                self.reset(&mut client, &recorder, &tenant).await;
+            }
+            let pause = Duration::from_millis(rng.gen_range(5..=30));
+            tokio::select! {
+                _ = tokio::time::sleep(pause) => {}
+                _ = stop.changed() => {}
+            }
+        }
+    }
+
+    fn record(&self, recorder: &Recorder, request: Request, invoke_us: u64, outcome: Outcome) {
+        recorder.record(Op {
+            id: 0,
+            client: self.id,
+            node: self.node,
+            request,
+            timeout_ms: CALL_TIMEOUT_MS,
+            invoke_us,
+            return_us: recorder.now_us(),
+            outcome,
+        });
+    }
+
+    async fn claim(
+        &self,
+        client: &mut FleetClient<Channel>,
+        recorder: &Recorder,
+        key: &str,
+        hook: &str,
+    ) -> Option<Answer> {
+        use pb::hit_response::Outcome as O;
+        let request = pb::HitRequest {
+            charges: Vec::new(),
+            claim: Some(pb::Claim {
+                tenant: TENANT.to_owned(),
+                source_id: SOURCE.to_owned(),
+                key: key.to_owned(),
+                hook_id: hook.to_owned(),
+                ttl_ms: CLAIM_TTL_MS,
+                pending_ttl_ms: CLAIM_TTL_MS,
+            }),
+            timeout_ms: CALL_TIMEOUT_MS as u32,
+            rate_limit_scope: pb::Scope::Fleet as i32,
+            dedupe_scope: pb::Scope::Fleet as i32,
+        };
+        let invoke_us = recorder.now_us();
+        let outcome = match bounded(client.hit(request)).await {
+            Ok(response) => {
+                let response = response.into_inner();
+                let answer = match response.outcome {
+                    Some(O::Allowed(_)) => Answer::Allowed,
+                    Some(O::Duplicate(d)) => Answer::Duplicate { holder: d.hook_id },
+                    Some(O::Pending(_)) => Answer::Pending,
+                    Some(O::RateLimited(_)) => Answer::RateLimited,
+                    None => Answer::Reset,
+                };
+                Outcome::Answered(answer, decided(response.decided_by))
+            }
+            Err(status) => Outcome::Unknown(status.to_string()),
+        };
+        let answer = match &outcome {
+            Outcome::Answered(answer, _) => Some(answer.clone()),
+            Outcome::Unknown(_) => None,
+        };
+        let request = Request::Claim {
+            key: key.to_owned(),
+            hook: hook.to_owned(),
+        };
+        self.record(recorder, request, invoke_us, outcome);
+        answer
+    }
+
+    /// `true` once the settle was answered.
+    async fn settle(
+        &self,
+        client: &mut FleetClient<Channel>,
+        recorder: &Recorder,
+        key: &str,
+        hook: &str,
+        commit: bool,
+    ) -> bool {
+        let request = pb::SettleRequest {
+            tenant: TENANT.to_owned(),
+            source_id: SOURCE.to_owned(),
+            key: key.to_owned(),
+            hook_id: hook.to_owned(),
+            outcome: if commit {
+                pb::SettleOutcome::Commit as i32
+            } else {
+                pb::SettleOutcome::Release as i32
+            },
+            timeout_ms: CALL_TIMEOUT_MS as u32,
+            dedupe_scope: pb::Scope::Fleet as i32,
+            ttl_ms: CLAIM_TTL_MS,
+        };
+        let invoke_us = recorder.now_us();
+        let outcome = match bounded(client.settle(request)).await {
+            Ok(response) => {
+                let response = response.into_inner();
+                let holder = response.holder_hook_id;
+                let answer = match pb::SettleStatus::try_from(response.status) {
+                    Ok(pb::SettleStatus::Settled) => Answer::Settled,
+                    Ok(pb::SettleStatus::Recreated) => Answer::Recreated,
+                    Ok(pb::SettleStatus::Conflict) => Answer::Conflict { holder },
+                    Ok(pb::SettleStatus::Queued) => Answer::Queued,
+                    _ => Answer::Reset,
+                };
+                Outcome::Answered(answer, decided(response.decided_by))
+            }
+            Err(status) => Outcome::Unknown(status.to_string()),
+        };
+        let answered = matches!(outcome, Outcome::Answered(..));
+        let request = Request::Settle {
+            key: key.to_owned(),
+            hook: hook.to_owned(),
+            commit,
+        };
+        self.record(recorder, request, invoke_us, outcome);
+        answered
+    }
+
+    async fn charge(&self, client: &mut FleetClient<Channel>, recorder: &Recorder, tenant: &str) {
+        use pb::hit_response::Outcome as O;
+        let request = pb::HitRequest {
+            charges: vec![pb::Charge {
+                kind: pb::Kind::Hooks as i32,
+                tenant: tenant.to_owned(),
+                increment_us: 100_000,
+                capacity_us: 1_000_000,
+            }],
+            claim: None,
+            timeout_ms: CALL_TIMEOUT_MS as u32,
+            rate_limit_scope: pb::Scope::Fleet as i32,
+            dedupe_scope: pb::Scope::Fleet as i32,
+        };
+        let invoke_us = recorder.now_us();
+        let outcome = match bounded(client.hit(request)).await {
+            Ok(response) => {
+                let response = response.into_inner();
+                let answer = match response.outcome {
+                    Some(O::RateLimited(_)) => Answer::RateLimited,
+                    _ => Answer::Allowed,
+                };
+                Outcome::Answered(answer, decided(response.decided_by))
+            }
+            Err(status) => Outcome::Unknown(status.to_string()),
+        };
+        let request = Request::Charge {
+            tenant: tenant.to_owned(),
+        };
+        self.record(recorder, request, invoke_us, outcome);
+    }
+
+    async fn reset(&self, client: &mut FleetClient<Channel>, recorder: &Recorder, tenant: &str) {
+        let request = pb::ResetRequest {
+            tenant: tenant.to_owned(),
+            timeout_ms: CALL_TIMEOUT_MS as u32,
+        };
+        let invoke_us = recorder.now_us();
+        let outcome = match bounded(client.reset(request)).await {
+            Ok(_) => Outcome::Answered(Answer::Reset, Decided::Fleet),
+            Err(status) => Outcome::Unknown(status.to_string()),
+        };
+        let request = Request::Reset {
+            tenant: tenant.to_owned(),
+        };
+        self.record(recorder, request, invoke_us, outcome);
+    }
+}
