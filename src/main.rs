@@ -66,6 +66,10 @@ enum Cmd {
         /// What a call may take beyond its timeout_ms before the deadline checker objects.
         #[arg(long, default_value_t = 5)]
         deadline_slack_ms: u64,
+        /// Plant a known bug in every node (duplicate_for_pending, forget_queued_settle),
+        /// to see the checkers catch it.
+        #[arg(long)]
+        plant_bug: Option<String>,
     },
 }
 
@@ -184,6 +188,7 @@ async fn main() -> anyhow::Result<()> {
             nodes,
             clients,
             deadline_slack_ms,
+            plant_bug,
         } => {
             let plan = ankusa_fleet::nemesis::Plan {
                 seed,
@@ -191,6 +196,7 @@ async fn main() -> anyhow::Result<()> {
                 nodes,
                 clients_per_node: clients,
                 deadline_slack: std::time::Duration::from_millis(deadline_slack_ms),
+                planted_bug: plant_bug,
             };
             let outcomes = ankusa_fleet::nemesis::run(&plan).await?;
             print!("{}", outcomes.report(&plan));

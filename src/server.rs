@@ -217,6 +217,7 @@ pub async fn start(config: NodeConfig, listeners: Listeners) -> Result<RunningNo
         )?,
         voters_max: config.voters_max,
         durable,
+        planted_bug: config.planted_bug,
     }));
     // Every store's file and directory now exists; their names reach the disk before
     // anything is acknowledged (a vote, an entry), or a power cut could lose a whole file.

@@ -58,6 +58,9 @@ pub struct ConfigFile {
     /// tests only; never set it on a production node.
     #[serde(default)]
     pub fault_injection: bool,
+    /// A known bug to plant, so a test can show the nemesis catches it; only with
+    /// `fault_injection = true`.
+    pub planted_bug: Option<PlantedBug>,
     /// Mutual TLS on `raft_addr` (required unless it is a loopback address).
     pub peer_tls: Option<PeerTlsFiles>,
     /// TLS on `api_addr` (optional: an edge on loopback may go without).
@@ -102,6 +105,17 @@ pub enum FallbackBudget {
     /// The whole capacity on each cut-off node (the seed's node scope): up to one extra
     /// budget per cut-off node.
     Full,
+}
+
+/// A known bug a node can be told to have (`planted_bug`), for the nemesis's own tests:
+/// a checker that cannot catch a planted bug proves nothing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PlantedBug {
+    /// Answer `duplicate` (naming the holder) for a claim held pending.
+    DuplicateForPending,
+    /// Answer a settle `queued` without writing it to the settle queue.
+    ForgetQueuedSettle,
 }
 
 /// Defaults for every optional key.
@@ -196,6 +210,7 @@ pub struct NodeConfig {
     pub metrics_addr: Option<SocketAddr>,
     pub fallback_budget: FallbackBudget,
     pub fault_injection: bool,
+    pub planted_bug: Option<PlantedBug>,
     pub peer_tls: Option<PeerTlsFiles>,
     pub api_tls: Option<ApiTlsFiles>,
     pub insecure_peer_traffic: bool,
@@ -368,6 +383,12 @@ impl NodeConfig {
                 .unwrap_or(Defaults::SNAPSHOT_LOGS_KEPT),
             fallback_budget: file.fallback_budget.unwrap_or_default(),
             fault_injection: file.fault_injection,
+            planted_bug: match (file.planted_bug, file.fault_injection) {
+                (Some(_), false) => {
+                    return Err(invalid("planted_bug", "needs fault_injection = true"))
+                }
+                (bug, _) => bug,
+            },
             peer_tls: file.peer_tls,
             api_tls: file.api_tls,
             insecure_peer_traffic: file.insecure_peer_traffic,

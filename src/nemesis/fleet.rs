@@ -44,7 +44,8 @@ impl Fleet {
     ///
     /// # Errors
     /// When a node cannot be started or no leader is elected in time.
-    pub async fn start(exe: &Path, dir: &Path, count: u64) -> anyhow::Result<Self> {
+    /// `extra` is added to every node's config (e.g. a `planted_bug`).
+    pub async fn start(exe: &Path, dir: &Path, count: u64, extra: &str) -> anyhow::Result<Self> {
         let mut addrs = Vec::new();
         for id in 1..=count {
             addrs.push((
@@ -64,7 +65,7 @@ impl Fleet {
             let data_dir = dir.join(format!("node{id}"));
             let config = dir.join(format!("node{id}.toml"));
             let text = format!(
-                "node_id = {id}\napi_addr = \"{api_addr}\"\nraft_addr = \"{raft_addr}\"\ndata_dir = \"{}\"\nfault_injection = true\n{members}",
+                "node_id = {id}\napi_addr = \"{api_addr}\"\nraft_addr = \"{raft_addr}\"\ndata_dir = \"{}\"\nfault_injection = true\n{extra}\n{members}",
                 data_dir.display()
             );
             std::fs::write(&config, text)
@@ -243,6 +244,26 @@ impl Fleet {
         })
         .await
         .context("set_faults timed out")?
+    }
+
+    /// Waits until every node knows the leader and has handed everything it decided alone
+    /// to the fleet (no node says `degraded`); `false` if that did not happen in `wait`.
+    pub async fn wait_reconciled(&self, wait: Duration) -> bool {
+        let deadline = Instant::now() + wait;
+        while Instant::now() < deadline {
+            let mut all = true;
+            for id in self.ids() {
+                match self.status(id).await {
+                    Some(status) if status.leader_id != 0 && !status.degraded => {}
+                    _ => all = false,
+                }
+            }
+            if all {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        false
     }
 
     /// Heals everything: every node runs and answers, no fault rule, no hold.

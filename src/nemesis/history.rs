@@ -51,6 +51,8 @@ pub enum Outcome {
     Answered(Answer, Decided),
     /// An error or no answer in time: it may or may not have taken effect.
     Unknown(String),
+    /// No connection to the node could be made: the call surely never reached it.
+    NotSent(String),
 }
 
 /// One call.

@@ -32,6 +32,9 @@ pub struct Plan {
     pub clients_per_node: usize,
     /// What a call may take beyond its timeout.
     pub deadline_slack: Duration,
+    /// A known bug every node plays (`config::PlantedBug`, as the config spells it), to
+    /// show the checkers catch it.
+    pub planted_bug: Option<String>,
 }
 
 /// A fault as it happened: on which node, from when to when (µs since the run began).
@@ -51,6 +54,10 @@ pub struct Outcomes {
     pub dir: PathBuf,
 }
 
+/// How long the healed fleet may take to hand over every local decision.
+const RECONCILE_WAIT: Duration = Duration::from_secs(30);
+/// The client id of the final probes.
+const PROBE_CLIENT: usize = 1_000;
 /// How long a killed or paused node may take to answer again once the fault ends.
 const BACK_WAIT: Duration = Duration::from_secs(20);
 
@@ -67,7 +74,12 @@ pub async fn run(plan: &Plan) -> anyhow::Result<Outcomes> {
     ));
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     let exe = std::env::current_exe()?;
-    let mut fleet = Fleet::start(&exe, &dir, plan.nodes).await?;
+    let extra = plan
+        .planted_bug
+        .as_ref()
+        .map(|bug| format!("planted_bug = \"{bug}\""))
+        .unwrap_or_default();
+    let mut fleet = Fleet::start(&exe, &dir, plan.nodes, &extra).await?;
     let schedule = schedule::plan(plan.seed, plan.duration.as_millis() as u64);
     let recorder = Recorder::new();
     let (stop, stopped) = watch::channel(false);
@@ -95,7 +107,27 @@ pub async fn run(plan: &Plan) -> anyhow::Result<Outcomes> {
         let _ = client.await;
     }
     fleet.heal().await?;
-    fleet.wait_for_leader(BACK_WAIT).await?;
+    let leader = fleet.wait_for_leader(BACK_WAIT).await?;
+    let reconciled = fleet.wait_reconciled(RECONCILE_WAIT).await;
+    // From here on every queued settle must have reached the fleet.
+    let settled_by_us = recorder.now_us();
+    let mut keys: Vec<String> = recorder
+        .history()
+        .into_iter()
+        .filter_map(|op| match op.request {
+            history::Request::Claim { key, .. } => Some(key),
+            _ => None,
+        })
+        .collect();
+    keys.sort();
+    keys.dedup();
+    let prober = workload::Client {
+        id: PROBE_CLIENT,
+        node: leader,
+        api_addr: fleet.api_addr(leader).to_owned(),
+        seed: plan.seed,
+    };
+    prober.probe(&recorder, &keys).await;
     let history = recorder.history();
     let downtimes: Vec<Downtime> = applied
         .iter()
@@ -114,8 +146,22 @@ pub async fn run(plan: &Plan) -> anyhow::Result<Outcomes> {
         })
         .collect();
     let checking = Instant::now();
-    let mut findings = check::all(&history, &downtimes, plan.deadline_slack.as_micros() as u64);
+    let mut findings = check::all(
+        &history,
+        &downtimes,
+        plan.deadline_slack.as_micros() as u64,
+        settled_by_us,
+    );
     findings.checked_in = checking.elapsed();
+    if !reconciled {
+        findings.anomalies.push(check::Anomaly {
+            checker: "reconciled after heal",
+            detail: format!(
+                "some node still had local decisions to hand over {RECONCILE_WAIT:?} after the heal"
+            ),
+            ops: Vec::new(),
+        });
+    }
     Ok(Outcomes {
         history,
         applied,
@@ -236,17 +282,23 @@ impl Outcomes {
             out,
             "faults: {faults:?} ({skipped} skipped: no leader to take)"
         );
-        let (mut fleet, mut local, mut unknown) = (0, 0, 0);
+        let (mut fleet, mut local, mut unknown, mut not_sent) = (0, 0, 0, 0);
         for op in &self.history {
             match op.outcome {
                 Outcome::Answered(_, Decided::Fleet) => fleet += 1,
                 Outcome::Answered(_, Decided::Local) => local += 1,
                 Outcome::Unknown(_) => unknown += 1,
+                Outcome::NotSent(_) => not_sent += 1,
             }
         }
+        let queued = self
+            .history
+            .iter()
+            .filter(|op| matches!(op.outcome, Outcome::Answered(history::Answer::Queued, _)))
+            .count();
         let _ = writeln!(
             out,
-            "ops: {} (decided by the fleet {fleet}, locally {local}, unknown {unknown})",
+            "ops: {} (decided by the fleet {fleet}, locally {local} of which {queued} queued settles, unknown {unknown}, not sent {not_sent})",
             self.history.len()
         );
         let mut by_checker: BTreeMap<&str, usize> = BTreeMap::new();
@@ -255,6 +307,7 @@ impl Outcomes {
             "duplicate without a commit",
             "committed claim lost",
             "deadline",
+            "reconciled after heal",
         ] {
             by_checker.insert(checker, 0);
         }

@@ -29,6 +29,8 @@ pub const KEY_WINDOW_MS: u64 = 2_000;
 const KEYS_PER_WINDOW: u64 = 4;
 /// Every call's deadline.
 pub const CALL_TIMEOUT_MS: u64 = 300;
+/// The hook of the final probes.
+pub const PROBE_HOOK: &str = "probe";
 /// Times a client retries a settle whose answer is unknown before it leaves it.
 const SETTLE_TRIES: usize = 5;
 
@@ -50,6 +52,25 @@ async fn bounded<T>(
     tokio::time::timeout(CLIENT_WAIT, call)
         .await
         .unwrap_or_else(|_| Err(tonic::Status::deadline_exceeded("no answer from the node")))
+}
+
+/// How a call that got no answer ended: never sent when no connection could be made (the
+/// node is down or restarting), else unknown.
+fn failed(status: &tonic::Status) -> Outcome {
+    let text = format!("{status:?}");
+    let refused = status.code() == tonic::Code::Unavailable
+        && [
+            "tcp connect error",
+            "Connection refused",
+            "error trying to connect",
+        ]
+        .iter()
+        .any(|sign| text.contains(sign));
+    if refused {
+        Outcome::NotSent(status.message().to_owned())
+    } else {
+        Outcome::Unknown(status.to_string())
+    }
 }
 
 fn decided(decided_by: i32) -> Decided {
@@ -118,6 +139,21 @@ impl Client {
         });
     }
 
+    /// After the final heal: one claim per key with a hook nobody used, through the fleet,
+    /// so the history ends with what the fleet holds for every key (a queued commit that
+    /// never reached it shows here).
+    pub async fn probe(&self, recorder: &Recorder, keys: &[String]) {
+        let Ok(endpoint) =
+            tonic::transport::Endpoint::from_shared(format!("http://{}", self.api_addr))
+        else {
+            return;
+        };
+        let mut client = FleetClient::new(endpoint.connect_lazy());
+        for key in keys {
+            self.claim(&mut client, recorder, key, PROBE_HOOK).await;
+        }
+    }
+
     async fn claim(
         &self,
         client: &mut FleetClient<Channel>,
@@ -153,11 +189,11 @@ impl Client {
                 };
                 Outcome::Answered(answer, decided(response.decided_by))
             }
-            Err(status) => Outcome::Unknown(status.to_string()),
+            Err(status) => failed(&status),
         };
         let answer = match &outcome {
             Outcome::Answered(answer, _) => Some(answer.clone()),
-            Outcome::Unknown(_) => None,
+            Outcome::Unknown(_) | Outcome::NotSent(_) => None,
         };
         let request = Request::Claim {
             key: key.to_owned(),
@@ -204,7 +240,7 @@ impl Client {
                 };
                 Outcome::Answered(answer, decided(response.decided_by))
             }
-            Err(status) => Outcome::Unknown(status.to_string()),
+            Err(status) => failed(&status),
         };
         let answered = matches!(outcome, Outcome::Answered(..));
         let request = Request::Settle {
@@ -240,7 +276,7 @@ impl Client {
                 };
                 Outcome::Answered(answer, decided(response.decided_by))
             }
-            Err(status) => Outcome::Unknown(status.to_string()),
+            Err(status) => failed(&status),
         };
         let request = Request::Charge {
             tenant: tenant.to_owned(),
@@ -256,7 +292,7 @@ impl Client {
         let invoke_us = recorder.now_us();
         let outcome = match bounded(client.reset(request)).await {
             Ok(_) => Outcome::Answered(Answer::Reset, Decided::Fleet),
-            Err(status) => Outcome::Unknown(status.to_string()),
+            Err(status) => failed(&status),
         };
         let request = Request::Reset {
             tenant: tenant.to_owned(),

@@ -7,6 +7,8 @@
 
 use tokio::time::Instant;
 
+use crate::config::PlantedBug;
+
 mod membership;
 pub mod propose;
 pub mod request;
@@ -123,6 +125,8 @@ pub struct NodeParts {
     pub voters_max: usize,
     /// How far this node's Raft log is on disk (membership changes wait on it).
     pub durable: DurableLog,
+    /// A known bug this node plays, for the nemesis's tests (`config::PlantedBug`).
+    pub planted_bug: Option<PlantedBug>,
 }
 
 /// One fleet node: Raft, the state machine replica, the proposal queue, the node-scope
@@ -140,6 +144,7 @@ pub struct Node {
     membership_changes: tokio::sync::Mutex<()>,
     /// Mixed-scope hits with a node claim take turns per key (`turns`).
     claim_turns: turns::KeyTurns,
+    planted_bug: Option<PlantedBug>,
 }
 
 impl Node {
@@ -156,6 +161,7 @@ impl Node {
             durable: parts.durable,
             membership_changes: tokio::sync::Mutex::new(()),
             claim_turns: turns::KeyTurns::default(),
+            planted_bug: parts.planted_bug,
         }
     }
 
@@ -193,8 +199,40 @@ impl Node {
     /// # Errors
     /// When the fleet could not answer in time, or the local claim index failed.
     pub async fn hit(&self, input: HitInput) -> Result<Decided<HitAnswer>, NodeError> {
+        let decided = self.decide_hit(&input).await?;
+        Ok(self.with_planted_bug(decided, input.claim.as_ref()))
+    }
+
+    /// The planted `DuplicateForPending` bug: a pending answer becomes a duplicate naming
+    /// the pending hook (only ever with `fault_injection`; see `config::PlantedBug`).
+    fn with_planted_bug(
+        &self,
+        decided: Decided<HitAnswer>,
+        claim: Option<&ClaimRequest>,
+    ) -> Decided<HitAnswer> {
+        let (Some(PlantedBug::DuplicateForPending), HitAnswer::Pending { .. }, Some(claim)) =
+            (self.planted_bug, &decided.answer, claim)
+        else {
+            return decided;
+        };
+        let holder = self
+            .state
+            .lock()
+            .state
+            .claim(&claim.key)
+            .map(|record| record.hook_id.clone());
+        match holder {
+            Some(hook_id) => Decided {
+                answer: HitAnswer::Duplicate { hook_id },
+                ..decided
+            },
+            None => decided,
+        }
+    }
+
+    async fn decide_hit(&self, input: &HitInput) -> Result<Decided<HitAnswer>, NodeError> {
         let deadline = Instant::now() + input.timeout;
-        match route::route(&input) {
+        match route::route(input) {
             Route::NodeOnly => Ok(Decided::node_scope(
                 self.local.hit(&input.charges, input.claim.as_ref())?,
             )),
@@ -369,7 +407,9 @@ impl Node {
             outcome: input.outcome,
             ttl_ms: input.ttl_ms,
         };
-        self.fallback.queue.push(&queued).await?;
+        if self.planted_bug != Some(PlantedBug::ForgetQueuedSettle) {
+            self.fallback.queue.push(&queued).await?;
+        }
         metrics::counter!("ankusa_fallback_answers_total", "call" => "settle").increment(1);
         tracing::debug!(key = ?queued.key, "settle queued");
         Ok(Decided {

@@ -8,11 +8,12 @@
 //! expire within a run (their TTLs are longer), so the model has no clock.
 //!
 //! A call whose outcome is unknown (an error, no answer in time) may have taken effect at
-//! any time after its invocation, or never. So may what a node decided alone: a local
-//! `allowed` claim and a `queued` settle are handed to the fleet later by reconciliation
-//! (as a claim and as a reconciled commit or a release). Such calls have no return time
-//! and may take no effect; the model is non-deterministic, and the search runs over sets
-//! of states (as porcupine does).
+//! any time after its invocation, or never. So may a claim a node allowed alone (handed to
+//! the fleet later by reconciliation, unless settled first). Such calls have no return
+//! time and may take no effect; the model is non-deterministic, and the search runs over
+//! sets of states (as porcupine does). A `queued` settle is never lost (contract §6): it
+//! takes effect, as a reconciled commit or a release, at some time between its invocation
+//! and the moment the healed fleet had handed over every local decision.
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 
@@ -108,8 +109,9 @@ impl Hooks {
     }
 }
 
-/// The calls of a history that touch claim keys, by key.
-fn calls_by_key(history: &[Op]) -> HashMap<String, Vec<Call>> {
+/// The calls of a history that touch claim keys, by key; queued settles must have taken
+/// effect by `settled_by_us`.
+fn calls_by_key(history: &[Op], settled_by_us: u64) -> HashMap<String, Vec<Call>> {
     let mut by_key: HashMap<String, (Hooks, Vec<Call>)> = HashMap::new();
     for op in history {
         let key = match &op.request {
@@ -136,6 +138,7 @@ fn calls_by_key(history: &[Op]) -> HashMap<String, Vec<Call>> {
                     }
                     Outcome::Answered(_, Decided::Local) => continue,
                     Outcome::Unknown(_) => optional(op, vec![effect]),
+                    Outcome::NotSent(_) => continue,
                 }
             }
             Request::Settle { hook, commit, .. } => {
@@ -146,7 +149,14 @@ fn calls_by_key(history: &[Op]) -> HashMap<String, Vec<Call>> {
                     (Effect::Release(hook), Effect::Release(hook))
                 };
                 match &op.outcome {
-                    Outcome::Answered(Answer::Queued, _) => optional(op, vec![handed_over]),
+                    Outcome::Answered(Answer::Queued, _) => Call {
+                        op: op.id,
+                        invoke_us: op.invoke_us,
+                        return_us: Some(settled_by_us.max(op.return_us)),
+                        effects: vec![handed_over],
+                        expected: None,
+                        optional: false,
+                    },
                     Outcome::Answered(answer, _) => {
                         let expected = match answer {
                             Answer::Settled => Said::Settled,
@@ -158,6 +168,7 @@ fn calls_by_key(history: &[Op]) -> HashMap<String, Vec<Call>> {
                     }
                     // It may have been applied, or queued and handed over later.
                     Outcome::Unknown(_) => optional(op, vec![effect, handed_over]),
+                    Outcome::NotSent(_) => continue,
                 }
             }
             Request::Charge { .. } | Request::Reset { .. } => continue,
@@ -327,9 +338,10 @@ fn not_linearizable(calls: &[Call]) -> Verdict {
     }
 }
 
-/// The verdict for every claim key of `history`, by key.
-pub fn check(history: &[Op]) -> Vec<(String, Verdict)> {
-    let mut verdicts: Vec<(String, Verdict)> = calls_by_key(history)
+/// The verdict for every claim key of `history`, by key; queued settles must have taken
+/// effect by `settled_by_us`.
+pub fn check(history: &[Op], settled_by_us: u64) -> Vec<(String, Verdict)> {
+    let mut verdicts: Vec<(String, Verdict)> = calls_by_key(history, settled_by_us)
         .into_iter()
         .map(|(key, calls)| {
             let verdict = check_key(&calls);
@@ -377,7 +389,7 @@ mod tests {
     }
 
     fn verdict(history: &[Op]) -> Verdict {
-        let verdicts = check(history);
+        let verdicts = check(history, 1_000);
         assert_eq!(verdicts.len(), 1);
         verdicts[0].1.clone()
     }
@@ -471,6 +483,28 @@ mod tests {
             Verdict::Linearizable,
             "the queued commit landed over b's pending claim"
         );
+    }
+
+    /// A queued settle is never lost: once the healed fleet handed over everything
+    /// (`settled_by_us`, 1 000 here), a probe must see it.
+    #[test]
+    fn a_queued_commit_that_never_reached_the_fleet_is_not_linearizable() {
+        let queued = Outcome::Answered(Answer::Queued, Decided::Local);
+        let lost = [
+            op(0, commit("a"), (0, 10), queued.clone()),
+            op(1, claim("probe"), (2_000, 2_010), fleet(Answer::Allowed)),
+        ];
+        assert!(matches!(verdict(&lost), Verdict::NotLinearizable { .. }));
+        let landed = [
+            op(0, commit("a"), (0, 10), queued),
+            op(
+                1,
+                claim("probe"),
+                (2_000, 2_010),
+                fleet(Answer::Duplicate { holder: "a".into() }),
+            ),
+        ];
+        assert_eq!(verdict(&landed), Verdict::Linearizable);
     }
 
     /// The model itself, case by case (contract §5 and §6).

@@ -66,10 +66,11 @@ pub struct Findings {
     pub checked_in: std::time::Duration,
 }
 
-/// Runs every checker over `history`.
-pub fn all(history: &[Op], downtimes: &[Downtime], slack_us: u64) -> Findings {
+/// Runs every checker over `history`; every queued settle must have reached the fleet by
+/// `settled_by_us` (the healed fleet had handed over every local decision then).
+pub fn all(history: &[Op], downtimes: &[Downtime], slack_us: u64, settled_by_us: u64) -> Findings {
     let mut findings = Findings::default();
-    for (key, verdict) in lin::check(history) {
+    for (key, verdict) in lin::check(history, settled_by_us) {
         findings.keys_checked += 1;
         match verdict {
             lin::Verdict::Linearizable => {}
