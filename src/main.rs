@@ -199,8 +199,22 @@ async fn main() -> anyhow::Result<()> {
                 planted_bug: plant_bug,
             };
             let outcomes = ankusa_fleet::nemesis::run(&plan).await?;
+            let failed = !outcomes.findings.anomalies.is_empty();
+            if failed {
+                // The whole history beside the fleet's logs, for reading the failure.
+                let path = outcomes.dir.join("history.txt");
+                let text: String = outcomes
+                    .history
+                    .iter()
+                    .map(|op| format!("{op:?}\n"))
+                    .collect();
+                if std::fs::write(&path, text).is_ok() {
+                    println!("history: {}", path.display());
+                }
+            }
+            // The report ends with the summary line.
             print!("{}", outcomes.report(&plan));
-            if !outcomes.findings.anomalies.is_empty() {
+            if failed {
                 std::process::exit(1);
             }
             let _ = std::fs::remove_dir_all(&outcomes.dir);

@@ -8,8 +8,9 @@
 //! expire within a run (their TTLs are longer), so the model has no clock.
 //!
 //! A call whose outcome is unknown (an error, no answer in time) may have taken effect at
-//! any time after its invocation, or never. So may a claim a node allowed alone (handed to
-//! the fleet later by reconciliation, unless settled first). Such calls have no return
+//! any time after its invocation, or never. So may a claim a node answered alone: the
+//! fleet did not answer in time, but the proposal may still commit later, and a claim the
+//! node allowed is handed to the fleet by reconciliation (unless settled first). Such calls have no return
 //! time and may take no effect; the model is non-deterministic, and the search runs over
 //! sets of states (as porcupine does). A `queued` settle is never lost (contract §6): it
 //! takes effect, as a reconciled commit or a release, at some time between its invocation
@@ -132,11 +133,9 @@ fn calls_by_key(history: &[Op], settled_by_us: u64) -> HashMap<String, Vec<Call>
                         };
                         required(op, vec![effect], expected)
                     }
-                    // A claim this node took alone goes to the fleet later, maybe.
-                    Outcome::Answered(Answer::Allowed, Decided::Local) => {
-                        optional(op, vec![effect])
-                    }
-                    Outcome::Answered(_, Decided::Local) => continue,
+                    // The fleet did not answer in time, but the proposal may still commit
+                    // later; and a claim this node took alone goes to the fleet later, maybe.
+                    Outcome::Answered(_, Decided::Local) => optional(op, vec![effect]),
                     Outcome::Unknown(_) => optional(op, vec![effect]),
                     Outcome::NotSent(_) => continue,
                 }
@@ -483,6 +482,27 @@ mod tests {
             Verdict::Linearizable,
             "the queued commit landed over b's pending claim"
         );
+    }
+
+    /// A claim the node answered alone (here `pending`, decided locally) may still have
+    /// reached the fleet: the proposal that missed its deadline can commit later.
+    #[test]
+    fn a_claim_answered_locally_may_still_take_effect_in_the_fleet() {
+        let local_pending = Outcome::Answered(Answer::Pending, Decided::Local);
+        let history = [
+            op(0, claim("a"), (0, 10), local_pending),
+            op(
+                1,
+                Request::Settle {
+                    key: "k".into(),
+                    hook: "b".into(),
+                    commit: false,
+                },
+                (20, 30),
+                fleet(Answer::Conflict { holder: "a".into() }),
+            ),
+        ];
+        assert_eq!(verdict(&history), Verdict::Linearizable);
     }
 
     /// A queued settle is never lost: once the healed fleet handed over everything
