@@ -45,6 +45,7 @@ use crate::codec::{decode, encode, CodecError};
 use crate::lock::lock;
 use crate::raft::faults::Faults;
 use crate::raft::{Entry, LogId, NodeId, StorageError, TypeConfig};
+use crate::storage::unless_panic;
 
 /// Small named records: [`VOTE_KEY`], [`LAST_PURGED_KEY`].
 const META_TABLE: TableDefinition<&str, &[u8]> = TableDefinition::new("meta");
@@ -93,6 +94,9 @@ pub enum LogStoreError {
     Wal { path: PathBuf, reason: String },
     #[error("a log record of {len_bytes} bytes does not fit its 32-bit length")]
     RecordTooLarge { len_bytes: usize },
+    /// The vote store (the redb file) is damaged, or does not fit the log beside it.
+    #[error("vote store {path} is damaged: {reason}")]
+    VoteStore { path: PathBuf, reason: String },
 }
 
 macro_rules! from_redb {
@@ -191,18 +195,31 @@ impl LogStore {
             path: path.to_path_buf(),
             source,
         };
-        // redb's default page cache is 1 GiB; it only holds the vote and the purge point.
-        let db = Database::builder()
-            .set_cache_size(LOG_CACHE_BYTES)
-            .create(path)
-            .map_err(|e| open_error(Box::new(e.into())))?;
-        create_tables(&db).map_err(|e| match e {
-            LogStoreError::Redb { source } => open_error(source),
+        check_vote_store(path)?;
+        let (db, purged, vote) = unless_panic(|| -> Result<_> {
+            // redb's default page cache is 1 GiB; it only holds the vote and the purge point.
+            let db = Database::builder()
+                .set_cache_size(LOG_CACHE_BYTES)
+                .create(path)
+                .map_err(|e| open_error(Box::new(e.into())))?;
+            create_tables(&db).map_err(|e| match e {
+                LogStoreError::Redb { source } => open_error(source),
+                other => other,
+            })?;
+            let purged: Option<LogId> = load_meta(&db, LAST_PURGED_KEY)?;
+            let vote: Option<Vote<NodeId>> = load_meta(&db, VOTE_KEY)?;
+            Ok((db, purged, vote))
+        })
+        .map_err(|panic| vote_store_damaged(path, format!("redb panicked: {panic}")))?
+        .map_err(|e| match e {
+            LogStoreError::Codec { what, source } => {
+                vote_store_damaged(path, format!("{what} does not decode: {source}"))
+            }
             other => other,
         })?;
-        let purged: Option<LogId> = load_meta(&db, LAST_PURGED_KEY)?;
         let purged_upto = purged.map(|log_id| log_id.index);
         let wal = wal::Wal::open(&path.with_extension("wal"), purged_upto, segment_bytes)?;
+        check_vote_covers_log(path, vote, wal.last_log_id())?;
         let disk = Disk { db, wal };
         let mark = crate::raft::durability::DurableMark::new(log_state(&disk)?.last_log_id);
         let disk = Arc::new(disk);
@@ -361,10 +378,78 @@ impl LogStore {
 }
 
 fn create_tables(db: &Database) -> Result<()> {
-    let txn = db.begin_write()?;
+    let mut txn = db.begin_write()?;
+    txn.set_two_phase_commit(true);
     txn.open_table(META_TABLE)?;
     txn.commit()?;
     Ok(())
+}
+
+fn vote_store_damaged(path: &Path, reason: String) -> LogStoreError {
+    LogStoreError::VoteStore {
+        path: path.to_path_buf(),
+        reason,
+    }
+}
+
+/// Checks the vote store at `path` before the node opens it, on a copy beside it.
+///
+/// redb trusts a file it closed cleanly: it reads whatever its pages hold (a flipped bit in
+/// the vote comes back as another vote, or as no vote), and it panics on some damage (a
+/// file cut short). `check_integrity` walks every page's checksum, but it also repairs
+/// what it can, and a repair can change what the file holds (drop the table, go back to the
+/// previous commit): so it runs on a copy, and anything but a clean pass refuses the file,
+/// which stays as it was. The file is small (a vote and a purge point): the copy is cheap.
+fn check_vote_store(path: &Path) -> Result<()> {
+    if !path.exists() {
+        return Ok(());
+    }
+    let copy = path.with_extension("redb-check");
+    std::fs::copy(path, &copy)
+        .map_err(|e| vote_store_damaged(path, format!("copying it to check it: {e}")))?;
+    let checked = unless_panic(|| -> Result<bool, redb::Error> {
+        let mut db = Database::builder()
+            .set_cache_size(LOG_CACHE_BYTES)
+            .create(&copy)?;
+        Ok(db.check_integrity()?)
+    });
+    // A copy left by a crash here is overwritten by the next check.
+    let _ = std::fs::remove_file(&copy);
+    match checked {
+        Ok(Ok(true)) => Ok(()),
+        Ok(Ok(false)) => Err(vote_store_damaged(
+            path,
+            "redb's integrity check found damage it repairs only by changing the file".to_owned(),
+        )),
+        Ok(Err(e)) => Err(vote_store_damaged(
+            path,
+            format!("redb's integrity check: {e}"),
+        )),
+        Err(panic) => Err(vote_store_damaged(path, format!("redb panicked: {panic}"))),
+    }
+}
+
+/// A node saves a vote of term T before it holds an entry of term T (it accepts a leader's
+/// entries only after saving that leader's vote, and a leader saves its own first): a vote
+/// store whose vote is older than the log beside it lost votes (replaced, emptied, gone back
+/// to an earlier commit), and the node could vote twice in a term.
+fn check_vote_covers_log(
+    path: &Path,
+    vote: Option<Vote<NodeId>>,
+    last_log_id: Option<LogId>,
+) -> Result<()> {
+    let vote_term = vote.map_or(0, |vote| vote.leader_id().get_term());
+    match last_log_id {
+        Some(last) if last.leader_id.term > vote_term => Err(vote_store_damaged(
+            path,
+            format!(
+                "its vote is for term {vote_term} (none: 0), but the log beside it holds entry \
+                 {} of term {}: votes were lost",
+                last.index, last.leader_id.term
+            ),
+        )),
+        _ => Ok(()),
+    }
 }
 
 fn encode_as<T: Serialize>(value: &T, what: &'static str) -> Result<Vec<u8>> {
@@ -400,8 +485,18 @@ fn store_meta<T: Serialize>(
     let bytes = encode_as(value, key)?;
     let mut txn = db.begin_write()?;
     txn.set_durability(durability);
+    // Two-phase: after a crash redb then never falls back to the previous commit because
+    // the last one does not check (a flipped bit, not a torn commit): it refuses instead.
+    txn.set_two_phase_commit(true);
     txn.open_table(META_TABLE)?.insert(key, bytes.as_slice())?;
     txn.commit()?;
+    // And a commit that changes nothing: both of redb's commit slots then name this data,
+    // so a flipped bit in the header's choice between them reads the same vote, not the
+    // one before.
+    let mut again = db.begin_write()?;
+    again.set_durability(durability);
+    again.set_two_phase_commit(true);
+    again.commit()?;
     Ok(())
 }
 
