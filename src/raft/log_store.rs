@@ -238,6 +238,15 @@ impl LogStore {
         })
     }
 
+    /// The last purged log id: the stored snapshot must reach it. Blocking (a redb read):
+    /// call it at start-up.
+    ///
+    /// # Errors
+    /// When redb fails or the id does not decode.
+    pub fn last_purged(&self) -> Result<Option<LogId>, LogStoreError> {
+        load_meta(&self.disk.db, LAST_PURGED_KEY)
+    }
+
     /// How far this log is on disk: what the state machine and the peer traffic wait on.
     pub fn durable(&self) -> DurableLog {
         self.mark.reader()
