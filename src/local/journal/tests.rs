@@ -1,6 +1,7 @@
 //! The journal against its promises: the last record of a key wins, removals and expiry
-//! hold across a reopen, a torn or corrupt tail is cut off (never the records before it),
-//! and compaction keeps exactly the live set while later appends follow it.
+//! hold across a reopen, a torn last append is cut off (never the records before it) and
+//! other damage refuses to open, and compaction keeps exactly the live set while later
+//! appends follow it.
 
 use super::*;
 use crate::state::{ClaimState, HookId};
