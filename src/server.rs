@@ -186,7 +186,7 @@ fn open_state(
         Err(panic) => return Err(failed(format!("sled panicked: {panic}"))),
     };
     let applied = state.lock().last_applied;
-    if purged > applied {
+    if purged.map(|id| id.index) > applied.map(|id| id.index) {
         return Err(failed(format!(
             "it reaches log index {}, but the log is purged up to {}: the entries between are \
              gone (the snapshot was lost or went back to an older one)",

@@ -216,6 +216,7 @@ impl LogStore {
             LogStoreError::Codec { what, source } => {
                 vote_check::damaged(path, format!("{what} does not decode: {source}"))
             }
+            LogStoreError::Redb { source } => open_error(source),
             other => other,
         })?;
         let purged_upto = purged.map(|log_id| log_id.index);
