@@ -35,6 +35,7 @@ use crate::raft::snapshot::policy::{self, SnapshotPolicy};
 use crate::raft::state_machine::StateMachineStore;
 use crate::raft::{MemberNode, Raft};
 use crate::storage::sled_disk::SledDisk;
+use crate::storage::unless_panic;
 use crate::tls::{ApiTls, PeerTls};
 /// sled's page cache (default 1 GiB): it holds the latest snapshot and the node-scope and
 /// fallback claim indexes, all read rarely; the live state is in memory already.
@@ -59,11 +60,12 @@ pub enum StartError {
     },
     #[error("raft log store: {0}")]
     LogStore(String),
-    #[error("sled: {0}")]
-    Sled(#[from] sled::Error),
-    #[error("state machine: {0}")]
-    State(#[from] crate::raft::state_machine::StateStoreError),
-    #[error("node claim index: {0}")]
+    #[error("sled store {path}: {reason}")]
+    Sled { path: String, reason: String },
+    /// The snapshot in `state.sled` does not read, or does not fit the log.
+    #[error("state machine, from the snapshot in {path} (sled tree `snapshots`): {reason}")]
+    State { path: String, reason: String },
+    #[error("local engine: {0}")]
     Local(#[from] crate::local::LocalError),
     #[error("raft config: {0}")]
     RaftConfig(#[from] openraft::ConfigError),
@@ -151,6 +153,50 @@ fn sync_dir(path: &Path) -> Result<(), StartError> {
         })
 }
 
+/// Opens `state.sled`; sled's errors and panics name it.
+fn open_sled(path: &Path) -> Result<SledDisk, StartError> {
+    let reason = match unless_panic(|| SledDisk::open(path, SLED_CACHE_BYTES)) {
+        Ok(Ok(disk)) => return Ok(disk),
+        Ok(Err(e)) => e.to_string(),
+        Err(panic) => format!("sled panicked: {panic}"),
+    };
+    Err(StartError::Sled {
+        path: path.display().to_string(),
+        reason,
+    })
+}
+
+/// The state machine from the snapshot in `disk` (at `path`), which must cover the log up
+/// to `purged`: the log no longer has those entries. A snapshot is stored (and synced)
+/// before the log it covers is purged, so one that does not reach the purge point is one
+/// sled lost: it recovers a prefix of its writes from a damaged file without a word.
+fn open_state(
+    path: &Path,
+    disk: &SledDisk,
+    durable: &crate::raft::durability::DurableLog,
+    purged: Option<crate::raft::LogId>,
+) -> Result<StateMachineStore, StartError> {
+    let failed = |reason: String| StartError::State {
+        path: path.display().to_string(),
+        reason,
+    };
+    let state = match unless_panic(|| StateMachineStore::open(disk, durable.clone())) {
+        Ok(Ok(state)) => state,
+        Ok(Err(e)) => return Err(failed(e.to_string())),
+        Err(panic) => return Err(failed(format!("sled panicked: {panic}"))),
+    };
+    let applied = state.lock().last_applied;
+    if purged.map(|id| id.index) > applied.map(|id| id.index) {
+        return Err(failed(format!(
+            "it reaches log index {}, but the log is purged up to {}: the entries between are \
+             gone (the snapshot was lost or went back to an older one)",
+            applied.map_or_else(|| "none".to_owned(), |id| id.index.to_string()),
+            purged.map_or(0, |id| id.index),
+        )));
+    }
+    Ok(state)
+}
+
 /// Opens the stores, starts Raft and both servers, and forms the cluster on first start.
 ///
 /// # Errors
@@ -172,8 +218,12 @@ pub async fn start(config: NodeConfig, listeners: Listeners) -> Result<RunningNo
     .map_err(|e| StartError::LogStore(e.to_string()))?;
     let durable = log_store.durable();
     let log_bytes = log_store.log_bytes();
-    let disk = SledDisk::open(&config.data_dir.join("state.sled"), SLED_CACHE_BYTES)?;
-    let state = StateMachineStore::open(&disk, durable.clone())?;
+    let purged = log_store
+        .last_purged()
+        .map_err(|e| StartError::LogStore(e.to_string()))?;
+    let sled_path = config.data_dir.join("state.sled");
+    let disk = open_sled(&sled_path)?;
+    let state = open_state(&sled_path, &disk, &durable, purged)?;
     let snapshot_state = state.clone();
     let local = LocalEngine::open(
         &config.data_dir.join(crate::local::NODE_SCOPE_JOURNAL),

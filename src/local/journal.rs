@@ -8,8 +8,10 @@
 //! the last flush's claims, typically well under a millisecond of them, and a lost claim
 //! only ever makes a later hit *allowed*, a delivery twice, never a false `duplicate`).
 //!
-//! On open the journal is replayed (a torn or corrupt tail is cut off and logged), expired
-//! claims are dropped, and the live set is written to a fresh file (compaction). While
+//! On open the journal is replayed (a torn last append is cut off and logged; any other
+//! damage, such as a flipped bit, refuses to open: what follows it may be committed
+//! claims), expired claims are dropped, and the live set is written to a fresh file
+//! (compaction). While
 //! running, the owner compacts it again when [`Journal::append`] says it grew enough:
 //! it hands over the encoded live set, which the flusher writes to a new file and swaps in
 //! atomically (write, fsync, rename, fsync the directory).
@@ -55,6 +57,17 @@ pub enum JournalError {
     TooLarge(#[from] record::TooLarge),
     #[error("claim journal {path} stopped after a write failed: {reason}")]
     Failed { path: PathBuf, reason: String },
+    /// Damage no crash leaves (a flipped bit, data after a damaged record): the records
+    /// after it may be claims already answered for, so the journal is not cut there.
+    #[error(
+        "claim journal {path} is damaged at byte {offset} ({reason}), and not as a crash \
+         leaves a last append; refusing to drop what follows"
+    )]
+    Damaged {
+        path: PathBuf,
+        offset: u64,
+        reason: String,
+    },
 }
 
 /// What the flusher has to do next.
@@ -131,7 +144,7 @@ impl Journal {
             path: path.to_owned(),
             source,
         };
-        let Replayed { claims, damaged } = replay(path, now_us).map_err(io)?;
+        let Replayed { claims, damaged } = replay(path, now_us)?;
         if damaged {
             // Keep the evidence: the rewrite below drops what followed the damage.
             let aside = path.with_extension(format!("damaged-{now_us}"));
@@ -399,15 +412,22 @@ fn encode_all<'a>(
 /// What a replay found.
 struct Replayed {
     claims: Vec<(ClaimKey, ClaimRecord)>,
-    /// A torn or corrupt record ended the replay before the end of the file.
+    /// A torn last append ended the replay before the end of the file.
     damaged: bool,
 }
 
 /// Reads every whole, intact record of `path` (a missing file is empty); the last record
-/// of a key wins; claims expired at `now_us` are left out. A torn or corrupt record ends
-/// the replay: it and everything after it are reported and dropped. An I/O error is not
-/// taken for damage: it fails the replay (dropping the rest would delete good records).
-fn replay(path: &Path, now_us: u64) -> std::io::Result<Replayed> {
+/// of a key wins; claims expired at `now_us` are left out. A torn last append (the file
+/// ends inside the record, or zeros follow from a sector boundary in it: what a crash
+/// leaves of a write that was never synced, so never answered for) ends the replay: it is
+/// reported and dropped. Any other damage fails the replay (`JournalError::Damaged`), as
+/// does an I/O error: dropping the rest would delete good records, committed claims among
+/// them.
+fn replay(path: &Path, now_us: u64) -> Result<Replayed, JournalError> {
+    let io = |source| JournalError::Io {
+        path: path.to_owned(),
+        source,
+    };
     let file = match File::open(path) {
         Ok(file) => file,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
@@ -416,7 +436,7 @@ fn replay(path: &Path, now_us: u64) -> std::io::Result<Replayed> {
                 damaged: false,
             })
         }
-        Err(e) => return Err(e),
+        Err(e) => return Err(io(e)),
     };
     let mut records =
         record::Records::new(BufReader::with_capacity(1 << 20, file), RECORD_BYTES_MAX);
@@ -424,36 +444,42 @@ fn replay(path: &Path, now_us: u64) -> std::io::Result<Replayed> {
     let mut damaged = false;
     loop {
         let offset = records.offset();
-        let body = match records.next_body()? {
-            Ok(body) => body,
+        let reason = match records.next_body().map_err(io)? {
+            Ok(body) => match codec::decode::<(ClaimKey, Option<ClaimRecord>)>(body) {
+                Ok((key, Some(record))) => {
+                    claims.insert(key, record);
+                    continue;
+                }
+                Ok((key, None)) => {
+                    claims.remove(&key);
+                    continue;
+                }
+                // Its checksum holds: written like this, no crash made it.
+                Err(e) => {
+                    return Err(JournalError::Damaged {
+                        path: path.to_owned(),
+                        offset,
+                        reason: format!("a record that checks does not decode: {e}"),
+                    })
+                }
+            },
             Err(Stop::End) => break,
-            Err(Stop::Zeros) => {
-                // Never written by the journal (its records are never empty): a crash that
-                // left allocated but unwritten blocks.
-                tracing::warn!(path = %path.display(), offset, "claim journal: dropped a tail from a zero-length record header");
-                damaged = true;
-                break;
-            }
-            Err(Stop::Torn(reason)) => {
-                tracing::warn!(path = %path.display(), offset, reason, "claim journal: dropped a torn or corrupt tail");
-                damaged = true;
-                break;
-            }
+            // The journal's records are never empty: zeros here are blocks a crash left
+            // allocated but unwritten, if only zeros follow.
+            Err(Stop::Zeros) => "a zero-length record header".to_owned(),
+            Err(Stop::Torn(reason)) => reason,
         };
-        match codec::decode::<(ClaimKey, Option<ClaimRecord>)>(body) {
-            Ok((key, Some(record))) => {
-                claims.insert(key, record);
-            }
-            Ok((key, None)) => {
-                claims.remove(&key);
-            }
-            Err(e) => {
-                let reason = e.to_string();
-                tracing::warn!(path = %path.display(), offset, reason, "claim journal: dropped an undecodable tail");
-                damaged = true;
-                break;
-            }
+        let tail = read_from(path, offset).map_err(io)?;
+        if !record::is_torn_append(&tail, offset, RECORD_BYTES_MAX) {
+            return Err(JournalError::Damaged {
+                path: path.to_owned(),
+                offset,
+                reason,
+            });
         }
+        tracing::warn!(path = %path.display(), offset, reason, "claim journal: dropped a torn last append");
+        damaged = true;
+        break;
     }
     Ok(Replayed {
         claims: claims
@@ -462,6 +488,16 @@ fn replay(path: &Path, now_us: u64) -> std::io::Result<Replayed> {
             .collect(),
         damaged,
     })
+}
+
+/// The bytes of `path` from `offset` to its end.
+fn read_from(path: &Path, offset: u64) -> std::io::Result<Vec<u8>> {
+    use std::io::{Read, Seek, SeekFrom};
+    let mut file = File::open(path)?;
+    file.seek(SeekFrom::Start(offset))?;
+    let mut tail = Vec::new();
+    file.read_to_end(&mut tail)?;
+    Ok(tail)
 }
 
 #[cfg(test)]

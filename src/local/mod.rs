@@ -36,10 +36,14 @@ pub const FALLBACK_JOURNAL: &str = "fallback-claims.journal";
 /// The local engine failed to read or write its claim index or settle queue.
 #[derive(Debug, thiserror::Error)]
 pub enum LocalError {
-    #[error("node claim index: {0}")]
+    #[error("claim index: {0}")]
     Journal(#[from] journal::JournalError),
-    #[error("settle queue: {0}")]
+    #[error("settle queue (sled tree `settle_queue` in the data dir's state.sled): {0}")]
     Sled(#[from] sled::Error),
+    #[error(
+        "settle queue (sled tree `settle_queue` in the data dir's state.sled): sled panicked: {0}"
+    )]
+    QueuePanicked(String),
     #[error("settle queue, syncing to the disk: {0}")]
     Sync(#[from] std::io::Error),
     #[error("settle queue record: {0}")]
@@ -218,12 +222,21 @@ impl LocalEngine {
 
     /// Live pending claims of this engine (what reconciliation hands to the fleet).
     pub fn pending_claims(&self) -> Vec<(ClaimKey, ClaimRecord)> {
+        self.claims_in(crate::state::ClaimState::Pending)
+    }
+
+    /// Live committed claims of this engine (in the fallback: commits not yet reconciled).
+    pub fn committed_claims(&self) -> Vec<(ClaimKey, ClaimRecord)> {
+        self.claims_in(crate::state::ClaimState::Committed)
+    }
+
+    fn claims_in(&self, wanted: crate::state::ClaimState) -> Vec<(ClaimKey, ClaimRecord)> {
         let (state, _) = self.now();
         state
             .image()
             .claims
             .into_iter()
-            .filter(|(_, record)| record.state == crate::state::ClaimState::Pending)
+            .filter(|(_, record)| record.state == wanted)
             .collect()
     }
 
@@ -280,12 +293,59 @@ impl Fallback {
         node_id: NodeId,
         budget: crate::config::FallbackBudget,
     ) -> Result<Self, LocalError> {
-        Ok(Self {
+        let fallback = Self {
             engine: LocalEngine::open(&data_dir.join(FALLBACK_JOURNAL), node_id)?,
             queue: settle_queue::SettleQueue::open(disk)?,
             ledger: ChargeLedger::default(),
             budget,
-        })
+        };
+        fallback.requeue_lost_commits()?;
+        Ok(fallback)
+    }
+
+    /// Queues again every commit the fallback journal holds that the settle queue lost;
+    /// returns how many.
+    ///
+    /// sled recovers a prefix of its writes from a damaged file without a word: a flipped
+    /// bit or a cut in `state.sled` loses every later write, queued settles among them (a
+    /// promise, contract §6). A queued commit reaches the fallback journal first (synced
+    /// before the settle is queued, `Node::queue_settle`), and its claim stays there,
+    /// committed, until reconciliation has applied it and forgets it; so a committed
+    /// fallback claim with no commit of its hook in the queue is one the queue lost, or one
+    /// a crash stopped between the two writes or after the fleet applied it (which was not
+    /// answered `QUEUED`, or was applied: applying it again commits the same hook again).
+    /// Blocking (sled reads and a flush): at start-up.
+    ///
+    /// # Errors
+    /// When sled fails, panics, or a queued record does not decode.
+    fn requeue_lost_commits(&self) -> Result<usize, LocalError> {
+        let queued: std::collections::HashSet<(ClaimKey, crate::state::HookId)> = self
+            .queue
+            .all_checked()?
+            .into_iter()
+            .filter(|(_, settle)| settle.outcome == crate::state::SettleOutcome::Commit)
+            .map(|(_, settle)| (settle.key, settle.hook_id))
+            .collect();
+        let lost: Vec<settle_queue::QueuedSettle> = self
+            .engine
+            .committed_claims()
+            .into_iter()
+            .filter(|(key, record)| !queued.contains(&(key.clone(), record.hook_id.clone())))
+            .map(|(key, record)| settle_queue::QueuedSettle {
+                key,
+                hook_id: record.hook_id,
+                outcome: crate::state::SettleOutcome::Commit,
+                ttl_ms: record.ttl_ms,
+            })
+            .collect();
+        if lost.is_empty() {
+            return Ok(0);
+        }
+        for settle in &lost {
+            tracing::warn!(key = ?settle.key, hook_id = %settle.hook_id, "settle queue (state.sled) lost a queued commit the fallback journal holds; queued again");
+        }
+        self.queue.push_blocking(&lost)?;
+        Ok(lost.len())
     }
 
     /// The charges a cut-off node applies: with [`FallbackBudget::FairShare`] each bucket's
@@ -473,5 +533,63 @@ mod tests {
             .collect();
         left.sort();
         assert_eq!(left, [(tenant(Kind::Hooks, "other"), 30), (entity, 40)]);
+    }
+
+    /// A commit the settle queue lost (sled recovered a state.sled from before it) is
+    /// queued again from the fallback journal, once; one still queued is not doubled.
+    #[tokio::test]
+    async fn a_commit_the_settle_queue_lost_is_queued_again_from_the_journal() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let sled_path = dir.path().join("state.sled");
+        let budget = crate::config::FallbackBudget::Full;
+        let commit = |key: &str| Command::Settle {
+            key: claim_request(key, "h").key,
+            hook_id: "h".into(),
+            outcome: crate::state::SettleOutcome::Commit,
+            ttl_ms: 3_600_000,
+            node: 1,
+        };
+        {
+            let disk =
+                crate::storage::sled_disk::SledDisk::open(&sled_path, 1 << 20).expect("sled");
+            let fallback = Fallback::open(dir.path(), &disk, 1, budget).expect("open");
+            for key in ["kept", "lost"] {
+                let request = claim_request(key, "h");
+                fallback.engine.hit(&[], Some(&request)).expect("hit");
+                fallback
+                    .engine
+                    .apply(&commit(key), Some(&request.key))
+                    .expect("commit");
+                fallback.engine.sync().await.expect("sync");
+                let queued = settle_queue::QueuedSettle {
+                    key: request.key,
+                    hook_id: "h".into(),
+                    outcome: crate::state::SettleOutcome::Commit,
+                    ttl_ms: 3_600_000,
+                };
+                fallback.queue.push(&queued).await.expect("queue");
+            }
+            let (lost, _) = fallback.queue.all().expect("all").remove(1);
+            fallback.queue.remove(lost).expect("lose it");
+            disk.flush_to_disk().expect("flush");
+        }
+        let queued_keys = |fallback: &Fallback| {
+            let mut keys: Vec<String> = fallback
+                .queue
+                .all()
+                .expect("all")
+                .into_iter()
+                .map(|(_, settle)| settle.key.key.to_string())
+                .collect();
+            keys.sort();
+            keys
+        };
+        for _ in 0..2 {
+            let disk =
+                crate::storage::sled_disk::SledDisk::open(&sled_path, 1 << 20).expect("sled");
+            let fallback = Fallback::open(dir.path(), &disk, 1, budget).expect("reopen");
+            assert_eq!(queued_keys(&fallback), ["kept", "lost"]);
+            disk.flush_to_disk().expect("flush");
+        }
     }
 }

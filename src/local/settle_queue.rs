@@ -11,6 +11,7 @@ use super::LocalError;
 use crate::codec;
 use crate::state::{ClaimKey, HookId, SettleOutcome};
 use crate::storage::sled_disk::SledDisk;
+use crate::storage::unless_panic;
 
 /// The sled tree of queued settles.
 const QUEUE_TREE: &str = "settle_queue";
@@ -36,9 +37,11 @@ impl SettleQueue {
     /// # Errors
     /// When sled fails.
     pub fn open(disk: &SledDisk) -> Result<Self, LocalError> {
+        let tree = unless_panic(|| disk.db().open_tree(QUEUE_TREE))
+            .map_err(LocalError::QueuePanicked)??;
         Ok(Self {
             disk: disk.clone(),
-            tree: disk.db().open_tree(QUEUE_TREE)?,
+            tree,
         })
     }
 
@@ -47,14 +50,39 @@ impl SettleQueue {
     /// # Errors
     /// When sled cannot write it or it cannot be synced: the caller must not answer `QUEUED`.
     pub async fn push(&self, settle: &QueuedSettle) -> Result<(), LocalError> {
-        let seq = self.disk.db().generate_id()?;
-        self.tree
-            .insert(seq.to_be_bytes(), codec::encode(settle)?)?;
+        self.insert(settle)?;
         let disk = self.disk.clone();
         tokio::task::spawn_blocking(move || disk.flush_to_disk())
             .await
             .map_err(std::io::Error::other)??;
         Ok(())
+    }
+
+    /// Appends `settles` and syncs them to the disk, blocking (at start-up).
+    ///
+    /// # Errors
+    /// As [`SettleQueue::push`].
+    pub fn push_blocking(&self, settles: &[QueuedSettle]) -> Result<(), LocalError> {
+        for settle in settles {
+            self.insert(settle)?;
+        }
+        self.disk.flush_to_disk()?;
+        Ok(())
+    }
+
+    fn insert(&self, settle: &QueuedSettle) -> Result<(), LocalError> {
+        let seq = self.disk.db().generate_id()?;
+        self.tree
+            .insert(seq.to_be_bytes(), codec::encode(settle)?)?;
+        Ok(())
+    }
+
+    /// As [`SettleQueue::all`], a panic in sled (reading a damaged file) an error too.
+    ///
+    /// # Errors
+    /// As [`SettleQueue::all`], or when sled panicked.
+    pub fn all_checked(&self) -> Result<Vec<(u64, QueuedSettle)>, LocalError> {
+        unless_panic(|| self.all()).map_err(LocalError::QueuePanicked)?
     }
 
     /// Everything queued, oldest first, with the sequence numbers to remove them by.

@@ -24,6 +24,7 @@
 //!
 //! docs/decisions has why entries are in a WAL and not in redb.
 
+mod vote_check;
 mod wal;
 mod writer;
 
@@ -45,6 +46,7 @@ use crate::codec::{decode, encode, CodecError};
 use crate::lock::lock;
 use crate::raft::faults::Faults;
 use crate::raft::{Entry, LogId, NodeId, StorageError, TypeConfig};
+use crate::storage::unless_panic;
 
 /// Small named records: [`VOTE_KEY`], [`LAST_PURGED_KEY`].
 const META_TABLE: TableDefinition<&str, &[u8]> = TableDefinition::new("meta");
@@ -93,6 +95,9 @@ pub enum LogStoreError {
     Wal { path: PathBuf, reason: String },
     #[error("a log record of {len_bytes} bytes does not fit its 32-bit length")]
     RecordTooLarge { len_bytes: usize },
+    /// The vote store (the redb file) is damaged, or does not fit the log beside it.
+    #[error("vote store {path} is damaged: {reason}")]
+    VoteStore { path: PathBuf, reason: String },
 }
 
 macro_rules! from_redb {
@@ -191,18 +196,32 @@ impl LogStore {
             path: path.to_path_buf(),
             source,
         };
-        // redb's default page cache is 1 GiB; it only holds the vote and the purge point.
-        let db = Database::builder()
-            .set_cache_size(LOG_CACHE_BYTES)
-            .create(path)
-            .map_err(|e| open_error(Box::new(e.into())))?;
-        create_tables(&db).map_err(|e| match e {
+        vote_check::check_vote_store(path)?;
+        let (db, purged, vote) = unless_panic(|| -> Result<_> {
+            // redb's default page cache is 1 GiB; it only holds the vote and the purge point.
+            let db = Database::builder()
+                .set_cache_size(LOG_CACHE_BYTES)
+                .create(path)
+                .map_err(|e| open_error(Box::new(e.into())))?;
+            create_tables(&db).map_err(|e| match e {
+                LogStoreError::Redb { source } => open_error(source),
+                other => other,
+            })?;
+            let purged: Option<LogId> = load_meta(&db, LAST_PURGED_KEY)?;
+            let vote: Option<Vote<NodeId>> = load_meta(&db, VOTE_KEY)?;
+            Ok((db, purged, vote))
+        })
+        .map_err(|panic| vote_check::damaged(path, format!("redb panicked: {panic}")))?
+        .map_err(|e| match e {
+            LogStoreError::Codec { what, source } => {
+                vote_check::damaged(path, format!("{what} does not decode: {source}"))
+            }
             LogStoreError::Redb { source } => open_error(source),
             other => other,
         })?;
-        let purged: Option<LogId> = load_meta(&db, LAST_PURGED_KEY)?;
         let purged_upto = purged.map(|log_id| log_id.index);
         let wal = wal::Wal::open(&path.with_extension("wal"), purged_upto, segment_bytes)?;
+        vote_check::check_vote_covers_log(path, vote, wal.last_log_id())?;
         let disk = Disk { db, wal };
         let mark = crate::raft::durability::DurableMark::new(log_state(&disk)?.last_log_id);
         let disk = Arc::new(disk);
@@ -219,6 +238,15 @@ impl LogStore {
             vote: Arc::default(),
             mark,
         })
+    }
+
+    /// The last purged log id: the stored snapshot must reach it. Blocking (a redb read):
+    /// call it at start-up.
+    ///
+    /// # Errors
+    /// When redb fails or the id does not decode.
+    pub fn last_purged(&self) -> Result<Option<LogId>, LogStoreError> {
+        load_meta(&self.disk.db, LAST_PURGED_KEY)
     }
 
     /// How far this log is on disk: what the state machine and the peer traffic wait on.
@@ -361,7 +389,8 @@ impl LogStore {
 }
 
 fn create_tables(db: &Database) -> Result<()> {
-    let txn = db.begin_write()?;
+    let mut txn = db.begin_write()?;
+    txn.set_two_phase_commit(true);
     txn.open_table(META_TABLE)?;
     txn.commit()?;
     Ok(())
@@ -400,8 +429,18 @@ fn store_meta<T: Serialize>(
     let bytes = encode_as(value, key)?;
     let mut txn = db.begin_write()?;
     txn.set_durability(durability);
+    // Two-phase: after a crash redb then never falls back to the previous commit because
+    // the last one does not check (a flipped bit, not a torn commit): it refuses instead.
+    txn.set_two_phase_commit(true);
     txn.open_table(META_TABLE)?.insert(key, bytes.as_slice())?;
     txn.commit()?;
+    // And a commit that changes nothing: both of redb's commit slots then name this data,
+    // so a flipped bit in the header's choice between them reads the same vote, not the
+    // one before.
+    let mut again = db.begin_write()?;
+    again.set_durability(durability);
+    again.set_two_phase_commit(true);
+    again.commit()?;
     Ok(())
 }
 

@@ -7,7 +7,9 @@
 //! a length past the limit, a checksum that fails). A crash can only tear the last append,
 //! which was never acknowledged (acknowledgements wait for the fsync); so each owner
 //! decides what a stop means where it happened: the WAL cuts a torn tail of its last
-//! segment and refuses one anywhere else, the journal drops its tail and compacts.
+//! segment and refuses one anywhere else, the journal drops its tail and compacts. Both
+//! first ask [`is_torn_append`] whether the damage is what a crash leaves at all; a flipped
+//! bit, or data after the damage, is not, and the file is refused.
 
 use std::io::{self, Read};
 
@@ -91,6 +93,64 @@ pub fn read_at(bytes: &[u8], at: usize, len_max: usize) -> Result<(&[u8], usize)
     };
     check(body, crc)?;
     Ok((body, at + HEADER_BYTES + len))
+}
+
+/// The unit a disk writes whole. A crash that cuts a write short leaves it cut at a multiple
+/// of this: past the cut the file reads as zeros (a WAL segment's, or blocks allocated but
+/// never written) or ends.
+pub const SECTOR_BYTES: u64 = 512;
+
+/// Whether `tail`, everything from the first record that did not read (at `offset` in its
+/// file) to the end of the file, is what a crash leaves of a last append: the write stopped
+/// at a sector boundary inside that record and only zeros follow it, or the file ends
+/// inside the record. Zeros alone are a write that never reached `offset`.
+///
+/// Anything else is damage no crash makes: data in a sector past the record, a record
+/// whose every sector holds data (a flipped bit, not a cut write), a zero length or one past
+/// `len_max` with data after it, or a record that checks once one bit of its length or of
+/// its checksum is changed back.
+pub fn is_torn_append(tail: &[u8], offset: u64, len_max: usize) -> bool {
+    let Some(last) = tail.iter().rposition(|byte| *byte != 0) else {
+        return true;
+    };
+    let Some(header) = tail.first_chunk::<HEADER_BYTES>() else {
+        // The file ends inside the header.
+        return true;
+    };
+    let (len, crc) = match parse_header(header, len_max) {
+        Ok(parsed) => parsed,
+        // A zero length, or one no record has, with data after it.
+        Err(_) => return false,
+    };
+    if checks_one_bit_off(tail, len, crc, len_max) {
+        return false;
+    }
+    let record_end = HEADER_BYTES + len;
+    if tail.len() < record_end {
+        // The file ends inside the record: the write was cut there.
+        return true;
+    }
+    // Where the write stopped: the first sector boundary after its last byte of data.
+    let written_end = offset + last as u64 + 1;
+    let cut = written_end.next_multiple_of(SECTOR_BYTES);
+    cut < offset + record_end as u64
+}
+
+/// Whether the record at the start of `tail`, with header `(len, crc)`, checks once one bit
+/// of its checksum, or of its length, is changed: a flipped bit, where a cut write would
+/// have left zeros.
+fn checks_one_bit_off(tail: &[u8], len: usize, crc: u32, len_max: usize) -> bool {
+    let body_crc = |len: usize| {
+        tail.get(HEADER_BYTES..HEADER_BYTES + len)
+            .map(crc32fast::hash)
+    };
+    if body_crc(len).is_some_and(|computed| (computed ^ crc).count_ones() == 1) {
+        return true;
+    }
+    (0..u32::BITS)
+        .filter_map(|bit| usize::try_from(u32::try_from(len).ok()? ^ (1 << bit)).ok())
+        .filter(|other| (1..=len_max).contains(other))
+        .any(|other| body_crc(other) == Some(crc))
 }
 
 /// Records read one after another from a stream (a journal replayed through a buffer).
@@ -236,5 +296,61 @@ mod tests {
         let (bodies, stop) = read_both(&huge);
         assert_eq!(bodies, vec![b"first".to_vec()]);
         assert!(matches!(stop, Stop::Torn(reason) if reason.contains("claims")));
+    }
+
+    /// A record long enough to cross sector boundaries, at byte `offset` of its file.
+    fn long_record() -> Vec<u8> {
+        let body: Vec<u8> = (0..1500u32).map(|i| (i % 200 + 1) as u8).collect();
+        framed(&[&body])
+    }
+
+    /// What a crash leaves: a record cut at a sector boundary with zeros after it, or cut
+    /// short by the end of the file, anywhere in it (its header too); or only zeros.
+    #[test]
+    fn a_write_cut_at_a_sector_boundary_or_by_the_end_of_the_file_is_torn() {
+        let record = long_record();
+        for offset in [0u64, 100, 511] {
+            let cut = offset.next_multiple_of(SECTOR_BYTES).max(SECTOR_BYTES) - offset;
+            let mut torn = record.clone();
+            torn[cut as usize..].fill(0);
+            torn.extend_from_slice(&[0; 4096]);
+            assert!(is_torn_append(&torn, offset, LEN_MAX), "zeros from {cut}");
+        }
+        for len in 1..record.len() {
+            assert!(is_torn_append(&record[..len], 0, LEN_MAX), "cut at {len}");
+        }
+        assert!(is_torn_append(&[0; 600], 1000, LEN_MAX), "zeros only");
+    }
+
+    /// What no crash leaves: a flipped bit anywhere in a whole record (body, length,
+    /// checksum), data after the damage, a zero or impossible length with data after it.
+    #[test]
+    fn a_flipped_bit_or_data_after_the_damage_is_not_torn() {
+        let record = long_record();
+        let mut padded = record.clone();
+        padded.extend_from_slice(&[0; 4096]);
+        for at in [3, 5, 100, 700, record.len() - 1] {
+            let mut flipped = padded.clone();
+            flipped[at] ^= 0x04;
+            assert!(!is_torn_append(&flipped, 0, LEN_MAX), "flipped byte {at}");
+        }
+        // A length made longer by a flipped bit reaches into the zeros: still a flip.
+        let mut longer = padded.clone();
+        longer[1] ^= 0x08;
+        assert!(!is_torn_append(&longer, 0, LEN_MAX));
+        // A torn record followed by data: a later sector was written, an earlier one not.
+        let mut gap = padded.clone();
+        gap[512..1024].fill(0);
+        assert!(!is_torn_append(&gap, 0, LEN_MAX));
+        let mut after = record.clone();
+        after[1200..].fill(0);
+        after.extend_from_slice(&framed(&[b"later"]));
+        assert!(!is_torn_append(&after, 0, LEN_MAX));
+        let mut zero_len = vec![0; 8];
+        zero_len.extend_from_slice(&record);
+        assert!(!is_torn_append(&zero_len, 0, LEN_MAX));
+        let mut huge = (LEN_MAX as u32 + 1).to_le_bytes().to_vec();
+        huge.extend_from_slice(&[1; 64]);
+        assert!(!is_torn_append(&huge, 0, LEN_MAX));
     }
 }

@@ -369,3 +369,67 @@ impl Fleet {
         }
     }
 }
+
+/// How a node's start from its data dir ended.
+#[derive(Debug)]
+pub enum Start {
+    /// It serves: it logged `node started`.
+    Serving,
+    /// It exited before serving, with `status`; `output` is what it wrote meanwhile (its
+    /// stdout and stderr go to its log).
+    Exited {
+        status: std::process::ExitStatus,
+        output: String,
+    },
+}
+
+impl Fleet {
+    /// Node `id`'s data dir.
+    pub fn data_dir(&self, id: u64) -> PathBuf {
+        self.dir.path().join(format!("node{id}"))
+    }
+
+    /// What node `id` logged from byte `from` of its log on.
+    pub fn log_since(&self, id: u64, from: usize) -> String {
+        let log = std::fs::read(&self.nodes[&id].log_path).unwrap_or_default();
+        String::from_utf8_lossy(log.get(from..).unwrap_or_default()).into_owned()
+    }
+
+    /// How long node `id`'s log is now (for [`Fleet::log_since`]).
+    pub fn log_len(&self, id: u64) -> usize {
+        std::fs::metadata(&self.nodes[&id].log_path).map_or(0, |m| m.len() as usize)
+    }
+
+    /// SIGTERM, and the harness deadline for a clean exit (status 0).
+    pub async fn stop(&mut self, id: u64) {
+        self.terminate(id);
+        let status = self.wait_exit(id).await;
+        if !status.success() {
+            self.fail(&format!("node {id} stopped with {status}"));
+        }
+    }
+
+    /// Starts node `id` again from its data dir and waits (with the harness deadline) until
+    /// it serves or exits; returns which, with the log it wrote from `from` on.
+    pub async fn restart_watched(&mut self, id: u64) -> (Start, usize) {
+        let from = self.log_len(id);
+        self.restart(id);
+        let deadline = Instant::now() + CONDITION_DEADLINE;
+        loop {
+            let node = self.nodes.get_mut(&id).expect("known node");
+            let child = node.child.as_mut().expect("node runs");
+            if let Some(status) = child.try_wait().expect("try_wait") {
+                node.child = None;
+                let output = self.log_since(id, from);
+                return (Start::Exited { status, output }, from);
+            }
+            if self.log_since(id, from).contains("node started") {
+                return (Start::Serving, from);
+            }
+            if Instant::now() > deadline {
+                self.fail(&format!("node {id} neither served nor exited"));
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}

@@ -11,9 +11,11 @@
 //! The harness is split by what a test does with a fleet: `fleet.rs` starts, stops and
 //! signals node processes and waits for conditions, `requests.rs` builds requests and makes
 //! calls, `faults.rs` injects transport and disk faults, `observe.rs` reads status, metrics
-//! and logs. Every item is reachable as `common::X`.
+//! and logs, `damage.rs` damages a stopped node's files and starts it from them. Every item
+//! is reachable as `common::X`.
 #![allow(dead_code)]
 
+mod damage;
 mod faults;
 mod fleet;
 mod observe;
@@ -21,6 +23,10 @@ mod requests;
 
 // Each test binary uses part of the harness (as `dead_code` above says for items), so a
 // re-export one binary never names is no error.
+#[allow(unused_imports)]
+pub use damage::*;
+#[allow(unused_imports)]
+pub use fleet::Start;
 #[allow(unused_imports)]
 pub use observe::*;
 #[allow(unused_imports)]

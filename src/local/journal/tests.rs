@@ -1,6 +1,7 @@
 //! The journal against its promises: the last record of a key wins, removals and expiry
-//! hold across a reopen, a torn or corrupt tail is cut off (never the records before it),
-//! and compaction keeps exactly the live set while later appends follow it.
+//! hold across a reopen, a torn last append is cut off (never the records before it) and
+//! other damage refuses to open, and compaction keeps exactly the live set while later
+//! appends follow it.
 
 use super::*;
 use crate::state::{ClaimState, HookId};
@@ -79,8 +80,11 @@ async fn expired_claims_are_dropped_on_open() {
     assert_eq!(reopen(&path), vec![(key("new"), live("hook-new"))]);
 }
 
-/// Three records on disk, then `damage` applied to the file's bytes.
-async fn damaged(damage: impl FnOnce(&mut Vec<u8>, &[usize])) -> Vec<(ClaimKey, ClaimRecord)> {
+/// Three records on disk, then `damage` applied to the file's bytes; the path and where
+/// each record ends.
+async fn three_records_then(
+    damage: impl FnOnce(&mut Vec<u8>, &[usize]),
+) -> (tempfile::TempDir, PathBuf) {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("claims.journal");
     let (journal, _) = Journal::open(&path, NOW_US).expect("open");
@@ -96,6 +100,13 @@ async fn damaged(damage: impl FnOnce(&mut Vec<u8>, &[usize])) -> Vec<(ClaimKey, 
     let mut bytes = std::fs::read(&path).expect("read");
     damage(&mut bytes, &ends);
     std::fs::write(&path, &bytes).expect("write");
+    (dir, path)
+}
+
+/// Three records on disk, then `damage` (a torn last append) applied to the file's bytes:
+/// the journal opens, keeps the damaged file aside, and reads back the same after.
+async fn damaged(damage: impl FnOnce(&mut Vec<u8>, &[usize])) -> Vec<(ClaimKey, ClaimRecord)> {
+    let (dir, path) = three_records_then(damage).await;
     let claims = reopen(&path);
     let kept_aside = std::fs::read_dir(dir.path())
         .expect("list")
@@ -132,10 +143,64 @@ async fn a_header_cut_short_loses_only_its_record() {
 }
 
 #[tokio::test]
-async fn a_corrupt_record_ends_the_replay_there() {
-    // One bit flipped inside the second record's body.
-    let claims = damaged(|bytes, ends| bytes[ends[1] - 2] ^= 0x10).await;
-    assert_eq!(claims, vec![(key("a"), live("hook-a"))]);
+async fn a_zero_tail_left_by_a_crash_is_dropped() {
+    // Blocks a crash left allocated but unwritten read as zeros.
+    let claims = damaged(|bytes, _| bytes.extend_from_slice(&[0; 4096])).await;
+    assert_eq!(
+        claims,
+        vec![
+            (key("a"), live("hook-a")),
+            (key("b"), live("hook-b")),
+            (key("c"), live("hook-c"))
+        ]
+    );
+}
+
+/// A flipped bit is no torn append, in the last record as in one before it, and neither
+/// is data after a zero length: the journal refuses to open, naming its file and where,
+/// and leaves the file as it was.
+#[tokio::test]
+async fn damage_no_crash_leaves_refuses_to_open() {
+    type Damage = Box<dyn FnOnce(&mut Vec<u8>, &[usize])>;
+    let cases: [(&str, Damage); 4] = [
+        (
+            "a bit in the second record",
+            Box::new(|b, ends| b[ends[1] - 2] ^= 0x10),
+        ),
+        (
+            "a bit in the last record",
+            Box::new(|b, ends| b[ends[2] - 2] ^= 0x10),
+        ),
+        (
+            "a bit in the last header",
+            Box::new(|b, ends| b[ends[1] + 5] ^= 0x10),
+        ),
+        (
+            "zeros, then data",
+            Box::new(|b, _| {
+                let mut again = b.clone();
+                b.extend_from_slice(&[0; 16]);
+                b.append(&mut again);
+            }),
+        ),
+    ];
+    for (what, damage) in cases {
+        let (_dir, path) = three_records_then(damage).await;
+        let before = std::fs::read(&path).expect("read");
+        let refused = Journal::open(&path, NOW_US)
+            .err()
+            .unwrap_or_else(|| panic!("{what}: opened"));
+        assert!(
+            matches!(&refused, JournalError::Damaged { path: named, .. } if *named == path),
+            "{what}: {refused}"
+        );
+        assert!(refused.to_string().contains(&path.display().to_string()));
+        assert_eq!(
+            std::fs::read(&path).expect("read"),
+            before,
+            "{what}: untouched"
+        );
+    }
 }
 
 #[tokio::test]

@@ -60,9 +60,19 @@ fn membership_entry(term: u64, index: u64) -> Entry {
     }
 }
 
+/// The term the tests' stores have voted in: past every entry they append.
+pub(super) const VOTED_TERM: u64 = 50;
+
+/// A temp dir and the vote store's path in it, the vote store made and holding a vote of
+/// [`VOTED_TERM`]: a node has saved a vote of term T before it holds an entry of term T,
+/// and the store refuses to open a log newer than its vote.
 pub(super) fn scratch() -> (TempDir, PathBuf) {
     let dir = TempDir::new().expect("temp dir");
     let path = dir.path().join("raft-log.redb");
+    let db = Database::create(&path).expect("vote store");
+    create_tables(&db).expect("tables");
+    let vote = Vote::new(VOTED_TERM, NODE);
+    store_meta(&db, VOTE_KEY, &vote, Durability::Immediate).expect("vote");
     (dir, path)
 }
 
@@ -386,4 +396,97 @@ async fn empty_and_inverted_ranges_read_nothing() {
         .await
         .expect("inverted")
         .is_empty());
+}
+
+/// A vote store whose vote is older than the log beside it (emptied, replaced) lost votes;
+/// one cut short or with a flipped bit that redb itself would read back without complaint
+/// fails its integrity check. Each refuses to open, naming the file, and leaves it as it
+/// was; a flipped bit in redb's choice between its two commit slots reads the same data.
+#[tokio::test]
+async fn a_damaged_vote_store_refuses_to_open() {
+    let (_dir, path) = scratch();
+    // A purge point whose encoding is easy to find in the file.
+    let purged = log_id(1, 0x5a5a_5a5a_5a5a);
+    {
+        let db = Database::create(&path).expect("vote store");
+        store_meta(&db, LAST_PURGED_KEY, &purged, Durability::Immediate).expect("purge point");
+    }
+    let bytes = std::fs::read(&path).expect("read");
+    let needle = encode(&purged).expect("encode");
+    let values: Vec<usize> = bytes
+        .windows(needle.len())
+        .enumerate()
+        .filter(|(_, window)| *window == needle.as_slice())
+        .map(|(at, _)| at)
+        .collect();
+    assert!(!values.is_empty(), "the purge point is in the file");
+    let refused = |damaged: &[u8], what: &str| {
+        std::fs::write(&path, damaged).expect("damage");
+        let error = open_store(&path)
+            .err()
+            .unwrap_or_else(|| panic!("{what}: opened"));
+        assert!(
+            error.to_string().contains(&path.display().to_string()),
+            "{what}: {error}"
+        );
+        assert_eq!(
+            std::fs::read(&path).expect("read"),
+            damaged,
+            "{what}: untouched"
+        );
+    };
+    refused(&bytes[..bytes.len() / 2], "cut in half");
+    refused(&bytes[..bytes.len() - 1], "cut by a byte");
+    // The newest copy of the value is the live one; older pages may hold stale copies.
+    let mut flipped = bytes.clone();
+    flipped[values[values.len() - 1] + 3] ^= 0x10;
+    refused(&flipped, "a flipped bit in the purge point");
+    std::fs::write(&path, &bytes).expect("undamaged");
+    let mut store = open_store(&path).expect("the undamaged store opens");
+    assert_eq!(
+        store
+            .get_log_state()
+            .await
+            .expect("state")
+            .last_purged_log_id,
+        Some(purged)
+    );
+    drop(store);
+    let mut slot = bytes.clone();
+    slot[9] ^= 0x01; // redb's "god byte": which commit slot is the newest
+    std::fs::write(&path, &slot).expect("damage");
+    if let Ok(mut store) = open_store(&path) {
+        assert_eq!(
+            store
+                .get_log_state()
+                .await
+                .expect("state")
+                .last_purged_log_id,
+            Some(purged)
+        );
+        assert_eq!(
+            store.read_vote().await.expect("vote"),
+            Some(Vote::new(VOTED_TERM, NODE))
+        );
+    }
+}
+
+/// An emptied vote store beside a log of term 1: the node would not know it voted.
+#[tokio::test]
+async fn a_vote_older_than_the_log_refuses_to_open() {
+    let (_dir, path) = scratch();
+    {
+        let mut store = open_store(&path).expect("open");
+        store
+            .blocking_append(vec![request_entry(1, 0), request_entry(1, 1)])
+            .await
+            .expect("append");
+    }
+    std::fs::write(&path, b"").expect("empty the vote store");
+    let refused = open_store(&path).expect_err("opened with no vote");
+    assert!(
+        refused.to_string().contains("votes were lost")
+            && refused.to_string().contains(&path.display().to_string()),
+        "{refused}"
+    );
 }

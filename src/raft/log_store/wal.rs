@@ -10,11 +10,15 @@
 //!
 //! Replay at open reads every segment from the start and keeps records while their length
 //! fits the file and their checksum holds. In the last segment the first record that fails
-//! is where a crash tore an append (never acknowledged: the callback fires after the
-//! fsync), so everything from there on is zeroed; anywhere else a failing record is
-//! corruption. A record that checks but does not fit the log (an entry out of index order,
-//! a term that goes down, an unknown kind) is corruption wherever it is. On corruption the
-//! log refuses to open rather than serve a log with a hole.
+//! may be where a crash tore an append (never acknowledged: the callback fires after the
+//! fsync): if it looks like one ([`record::is_torn_append`]: the write stopped at a sector
+//! boundary inside that record, zeros after it), everything from there on is zeroed.
+//! Anything else is corruption: a failing record in another segment, one in the last
+//! segment with data in every sector (a flipped bit) or data after it, a segment shorter
+//! than it was made (segments are made full size, so only damage shortens one), and a
+//! record that checks but does not fit the log (an entry out of index order, a term that
+//! goes down, an unknown kind). On corruption the log refuses to open, naming the segment,
+//! rather than serve a log that lost acknowledged entries or has a hole.
 //!
 //! Only the writer thread changes the log; readers take the lock, read durable records and
 //! let go. Truncation zeroes the cut records (and removes whole segments after them) before
@@ -200,7 +204,8 @@ impl Wal {
         for (position, first_index) in firsts.into_iter().enumerate() {
             let is_last = position + 1 == count;
             let path = dir.join(segment_name(first_index));
-            let (segment, seen_committed) = replay_segment(&path, first_index, is_last)?;
+            let (segment, seen_committed) =
+                replay_segment(&path, first_index, is_last, segment_bytes)?;
             committed = seen_committed.or(committed);
             segments.insert(first_index, segment);
         }
@@ -542,12 +547,14 @@ impl Wal {
 }
 
 /// Replays one segment: its entries (checked) and the newest committed id in it. In the
-/// last segment a failing record ends the log and what follows is zeroed; elsewhere only
-/// zeros may follow the records.
+/// last segment a torn append ends the log and what follows is zeroed; elsewhere, and for
+/// any other damage, only zeros may follow the records. A segment shorter than
+/// `segment_bytes` was cut short by something else than a crash.
 fn replay_segment(
     path: &Path,
     first_index: u64,
     is_last: bool,
+    segment_bytes: u64,
 ) -> Result<(Segment, Option<Option<LogId>>)> {
     let file = OpenOptions::new()
         .read(true)
@@ -555,6 +562,15 @@ fn replay_segment(
         .open(path)
         .map_err(|e| io_error(path, "open", e))?;
     let bytes = fs::read(path).map_err(|e| io_error(path, "read", e))?;
+    if (bytes.len() as u64) < segment_bytes {
+        return Err(corrupt(
+            path,
+            format!(
+                "{} bytes, shorter than the {segment_bytes} a segment is made with: cut short",
+                bytes.len()
+            ),
+        ));
+    }
     let mut spans: Vec<Span> = Vec::new();
     let mut committed = None;
     let mut at = 0;
@@ -564,7 +580,8 @@ fn replay_segment(
     while let Some((kind, payload, next)) = read_record(&bytes, at) {
         match kind {
             KIND_ENTRY => {
-                let entry: Entry = decode_as(payload, "log entry")?;
+                let entry: Entry =
+                    decode_as(payload, "log entry").map_err(|e| misfit(at, e.to_string()))?;
                 let expected = first_index + spans.len() as u64;
                 if entry.log_id.index != expected {
                     let got = entry.log_id.index;
@@ -581,7 +598,11 @@ fn replay_segment(
                     log_id: entry.log_id,
                 });
             }
-            KIND_COMMITTED => committed = Some(decode_as::<Option<LogId>>(payload, "committed")?),
+            KIND_COMMITTED => {
+                let id = decode_as::<Option<LogId>>(payload, "committed")
+                    .map_err(|e| misfit(at, e.to_string()))?;
+                committed = Some(id);
+            }
             other => return Err(misfit(at, format!("unknown kind {other}"))),
         }
         at = next;
@@ -592,6 +613,15 @@ fn replay_segment(
             return Err(corrupt(
                 path,
                 format!("unreadable record at byte {at} of a segment that is not the last"),
+            ));
+        }
+        if !record::is_torn_append(&bytes[at..], at as u64, bytes.len()) {
+            return Err(corrupt(
+                path,
+                format!(
+                    "damaged record at byte {at}: not a torn append (data in every sector of \
+                     it, or after it), so it may hold acknowledged entries"
+                ),
             ));
         }
         tracing::warn!(path = %path.display(), at, "log ends in a torn append; zeroing it");

@@ -2,11 +2,12 @@
 //! the bytes after an index, the spare segment, and what replay does with damage.
 
 use openraft::storage::{RaftLogStorage, RaftLogStorageExt};
-use openraft::RaftLogReader;
+use openraft::{EntryPayload, RaftLogReader};
 
 use super::*;
 use crate::raft::log_store::tests::*;
 use crate::raft::log_store::*;
+use crate::state::{Command, FleetRequest};
 
 /// Small segments: appends roll over, reads cross segments, purge drops whole segments,
 /// truncation cuts inside one and drops the later ones, and all of it survives a reopen.
@@ -156,31 +157,54 @@ async fn the_next_segment_is_made_ahead_and_taken_when_the_log_rolls() {
     assert_eq!(store.try_get_log_entries(..).await.expect("read"), all);
 }
 
-/// A crash in the middle of an append leaves a torn record at the end of the last
-/// segment: the store opens with everything before it, clears the rest, and appends
-/// continue from there. The same damage anywhere but the last segment refuses to open.
-#[tokio::test]
-async fn a_torn_last_append_is_cut_and_damage_elsewhere_refuses_to_open() {
-    let (_dir, path) = scratch();
-    let wal_dir = path.with_extension("wal");
-    let entries: Vec<Entry> = (0..6).map(|index| request_entry(1, index)).collect();
-    {
-        let mut store = open_store(&path).expect("open");
-        store
-            .blocking_append(entries[..4].to_vec())
-            .await
-            .expect("append");
-        store
-            .blocking_append(entries[4..].to_vec())
-            .await
-            .expect("append");
+/// An entry whose record spans more than a sector, so a torn write can cut it at a sector
+/// boundary.
+fn long_entry(index: u64) -> Entry {
+    let request = FleetRequest {
+        now_us: 1_000 * index,
+        commands: vec![Command::Reset {
+            tenant: "t".repeat(700).into(),
+        }]
+        .into(),
+    };
+    Entry {
+        log_id: log_id(1, index),
+        payload: EntryPayload::Normal(request),
     }
-    let segment = wal_dir.join(format!("{:020}.wal", 0));
+}
+
+/// Six long entries, appended as four then two; the segment's path, its bytes and where
+/// each record starts.
+async fn six_long_entries(path: &Path) -> (Vec<Entry>, PathBuf, Vec<u8>, Vec<usize>) {
+    let entries: Vec<Entry> = (0..6).map(long_entry).collect();
+    {
+        let mut store = open_store(path).expect("open");
+        for part in [&entries[..4], &entries[4..]] {
+            store.blocking_append(part.to_vec()).await.expect("append");
+        }
+    }
+    let segment = path.with_extension("wal").join(format!("{:020}.wal", 0));
     let bytes = std::fs::read(&segment).expect("read");
-    let used = bytes.iter().rposition(|byte| *byte != 0).expect("records") + 1;
-    // Flip a byte inside the last record: its checksum fails, as after a torn write.
+    let mut starts = Vec::new();
+    let mut at = 0;
+    while let Ok((_, next)) = record::read_at(&bytes, at, bytes.len()) {
+        starts.push(at);
+        at = next;
+    }
+    (entries, segment, bytes, starts)
+}
+
+/// A crash in the middle of an append leaves a torn record at the end of the last
+/// segment: the write stopped at a sector boundary inside it, zeros after. The store opens
+/// with everything before it, clears the rest, and appends continue from there.
+#[tokio::test]
+async fn a_torn_last_append_is_cut() {
+    let (_dir, path) = scratch();
+    let (entries, segment, bytes, starts) = six_long_entries(&path).await;
+    let last = starts[5];
+    let cut = (last as u64 + 1).next_multiple_of(record::SECTOR_BYTES) as usize;
     let mut torn = bytes.clone();
-    torn[used - 3] ^= 0xff;
+    torn[cut..].fill(0);
     std::fs::write(&segment, &torn).expect("tear");
     {
         let mut store = open_store(&path).expect("open after the tear");
@@ -198,14 +222,75 @@ async fn a_torn_last_append_is_cut_and_damage_elsewhere_refuses_to_open() {
     let mut expected = entries[..5].to_vec();
     expected.push(request_entry(2, 5));
     assert_eq!(store.try_get_log_entries(..).await.expect("read"), expected);
-    drop(store);
+}
 
-    // The same damage in a segment that is not the last one.
-    let mut damaged = std::fs::read(&segment).expect("read");
-    damaged[20] ^= 0xff;
-    std::fs::write(&segment, &damaged).expect("damage");
-    std::fs::write(wal_dir.join(format!("{:020}.wal", 6)), vec![0u8; 64]).expect("later");
-    assert!(open_store(&path).is_err(), "a hole must not be served");
+/// A flipped bit is no torn write, in the last record as in any other, and neither is a
+/// segment cut short: each refuses to open, naming the segment, instead of dropping
+/// acknowledged entries.
+#[tokio::test]
+async fn a_flipped_bit_or_a_segment_cut_short_refuses_to_open() {
+    let (_dir, path) = scratch();
+    let (_, segment, bytes, starts) = six_long_entries(&path).await;
+    let used = bytes.iter().rposition(|byte| *byte != 0).expect("records") + 1;
+    let flipped_at = |at: usize| {
+        let mut flipped = bytes.clone();
+        flipped[at] ^= 0x10;
+        flipped
+    };
+    let cases = [
+        ("a bit in the last record's body", flipped_at(used - 100)),
+        (
+            "a bit in the last record's length",
+            flipped_at(starts[5] + 2),
+        ),
+        (
+            "a bit in the last record's checksum",
+            flipped_at(starts[5] + 5),
+        ),
+        ("a bit in a record before it", flipped_at(starts[2] + 300)),
+        (
+            "a bit in the zeros after the records",
+            flipped_at(used + 5000),
+        ),
+        (
+            "the segment cut inside its last record",
+            bytes[..used - 100].to_vec(),
+        ),
+        (
+            "the segment cut after its records",
+            bytes[..used + 4096].to_vec(),
+        ),
+    ];
+    for (what, damaged) in cases {
+        std::fs::write(&segment, &damaged).expect("damage");
+        let refused = open_store(&path)
+            .err()
+            .unwrap_or_else(|| panic!("{what}: opened"));
+        assert!(
+            refused.to_string().contains(&segment.display().to_string()),
+            "{what}: {refused}"
+        );
+    }
+    std::fs::write(&segment, &bytes).expect("undamaged");
+    open_store(&path).expect("the undamaged segment opens");
+}
+
+/// Damage anywhere but the last segment refuses to open, even one that looks torn.
+#[tokio::test]
+async fn damage_in_a_segment_before_the_last_refuses_to_open() {
+    let (_dir, path) = scratch();
+    let (_, segment, bytes, starts) = six_long_entries(&path).await;
+    let cut = (starts[5] as u64 + 1).next_multiple_of(record::SECTOR_BYTES) as usize;
+    let mut torn = bytes.clone();
+    torn[cut..].fill(0);
+    std::fs::write(&segment, &torn).expect("tear");
+    let later = path.with_extension("wal").join(format!("{:020}.wal", 6));
+    std::fs::write(&later, vec![0u8; wal::SEGMENT_BYTES as usize]).expect("later");
+    let refused = open_store(&path).expect_err("a hole must not be served");
+    assert!(
+        refused.to_string().contains(&segment.display().to_string()),
+        "{refused}"
+    );
 }
 
 /// A record whose checksum holds but whose entry does not continue the log is no torn
