@@ -19,7 +19,7 @@ use common::*;
 
 const TENANT: &str = "acme";
 /// The log line of a WAL that cut a torn last append.
-const WAL_TORN: &str = "log ends in a torn append; zeroing it";
+const WAL_TORN: &str = "log ends in a torn append or an unfinished truncation; zeroing it";
 /// The log line of a claim journal that dropped a torn last append.
 const JOURNAL_TORN: &str = "claim journal: dropped a torn last append";
 /// The log line of a settle queue that lost a commit the fallback journal holds.
@@ -161,10 +161,10 @@ fn last_segment(pristine: &Path) -> PathBuf {
     Path::new("raft-log.wal").join(last)
 }
 
-/// A cut anywhere and a flipped bit anywhere in the last segment refuse (a segment is made
-/// full size, and a flipped bit is no torn write); a torn append after the last record (a
-/// write cut at a sector boundary, zeros after it) is cut, logged, and nothing committed
-/// is lost.
+/// A cut anywhere and a flipped bit in any record of the last segment refuse (a segment is
+/// made full size, and a flipped bit is no torn write); a torn append after the last record
+/// (a write cut at a sector boundary, zeros after it), and stray data past a whole zero
+/// header, are cut, logged, and nothing committed is lost.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_damaged_wal_segment_refuses_and_a_torn_append_is_cut() {
     let (mut fleet, pristine, committed) = one_node("", 20).await;
@@ -209,11 +209,12 @@ async fn a_damaged_wal_segment_refuses_and_a_torn_append_is_cut() {
             (last_start + used) / 2,
             Expect::Refuse,
         ),
+        // Past a whole zero header nothing was acknowledged: zeroed like a torn tail.
         Damage::flip(
             "the zeros after the records",
             &segment,
             used + 700,
-            Expect::Refuse,
+            Expect::Recover(WAL_TORN),
         ),
         Damage::new(
             "a torn append after the records",

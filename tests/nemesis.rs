@@ -7,8 +7,8 @@ use std::process::Command;
 
 /// What a call may take beyond its timeout here: a debug build on a shared 2-core machine,
 /// with other tests' fleets running beside it, stalls for a few hundred milliseconds now
-/// and then (docs/reliability.md).
-const CI_DEADLINE_SLACK_MS: &str = "400";
+/// and then (docs/reliability.md): here the deadline check only catches calls that hang.
+const CI_DEADLINE_SLACK_MS: &str = "1000";
 
 /// A seed whose first 30 s hold five partitions, so nodes cut off queue settles.
 const SEED: &str = "27";
@@ -54,6 +54,13 @@ fn nemesis(seed: &str, duration_s: &str, planted_bug: Option<&str>) -> Run {
         "{report}"
     );
     let number = |at: usize| -> u64 { words[at].parse().expect("a count") };
+    // A failing run keeps its fleet's dir for reading; the test has read what it needs.
+    if let Some(dir) = report
+        .lines()
+        .find_map(|line| line.split(", fleet in ").nth(1))
+    {
+        let _ = std::fs::remove_dir_all(dir.trim());
+    }
     Run {
         success: output.status.success(),
         counts: (number(3), number(5), number(7)),

@@ -308,6 +308,7 @@ impl Outcomes {
             "committed claim lost",
             "deadline",
             "reconciled after heal",
+            "linearizability inconclusive",
         ] {
             by_checker.insert(checker, 0);
         }
@@ -325,10 +326,16 @@ impl Outcomes {
         if !self.findings.anomalies.is_empty() {
             let _ = writeln!(
                 out,
-                "replay: ankusa-fleet nemesis --seed {} --duration-s {} --nodes {}",
+                "replay: ankusa-fleet nemesis --seed {} --duration-s {} --nodes {} --clients {} --deadline-slack-ms {}{}",
                 plan.seed,
                 plan.duration.as_secs(),
-                plan.nodes
+                plan.nodes,
+                plan.clients_per_node,
+                plan.deadline_slack.as_millis(),
+                plan.planted_bug
+                    .as_ref()
+                    .map(|bug| format!(" --plant-bug {bug}"))
+                    .unwrap_or_default()
             );
             let _ = writeln!(out, "schedule:");
             for fault in &self.applied {

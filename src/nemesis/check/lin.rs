@@ -135,6 +135,13 @@ fn calls_by_key(history: &[Op], settled_by_us: u64) -> HashMap<String, Vec<Call>
                     }
                     // The fleet did not answer in time, but the proposal may still commit
                     // later; and a claim this node took alone goes to the fleet later, maybe.
+                    // Both may happen (a release through the fleet leaves the node's own
+                    // record, which reconciliation hands over again), so an `allowed` one
+                    // may take effect twice.
+                    Outcome::Answered(Answer::Allowed, Decided::Local) => {
+                        calls.push(optional(op, vec![effect.clone()]));
+                        optional(op, vec![effect])
+                    }
                     Outcome::Answered(_, Decided::Local) => optional(op, vec![effect]),
                     Outcome::Unknown(_) => optional(op, vec![effect]),
                     Outcome::NotSent(_) => continue,

@@ -74,7 +74,15 @@ pub fn all(history: &[Op], downtimes: &[Downtime], slack_us: u64, settled_by_us:
         findings.keys_checked += 1;
         match verdict {
             lin::Verdict::Linearizable => {}
-            lin::Verdict::Inconclusive => findings.inconclusive_keys.push(key),
+            // Not a proof either way: it fails the run, so nothing passes unchecked.
+            lin::Verdict::Inconclusive => {
+                findings.anomalies.push(Anomaly {
+                    checker: "linearizability inconclusive",
+                    detail: format!("claim key {key}: the search ran out of steps"),
+                    ops: Vec::new(),
+                });
+                findings.inconclusive_keys.push(key);
+            }
             lin::Verdict::NotLinearizable { ops } => findings.anomalies.push(Anomaly {
                 checker: "linearizability",
                 detail: format!(

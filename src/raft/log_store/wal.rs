@@ -12,7 +12,9 @@
 //! fits the file and their checksum holds. In the last segment the first record that fails
 //! may be where a crash tore an append (never acknowledged: the callback fires after the
 //! fsync): if it looks like one ([`record::is_torn_append`]: the write stopped at a sector
-//! boundary inside that record, zeros after it), everything from there on is zeroed.
+//! boundary inside that record, zeros after it), everything from there on is zeroed; so is
+//! everything after a whole zero header there, which is where an unfinished truncation
+//! (zeroing forward from the cut) stopped.
 //! Anything else is corruption: a failing record in another segment, one in the last
 //! segment with data in every sector (a flipped bit) or data after it, a segment shorter
 //! than it was made (segments are made full size, so only damage shortens one), and a
@@ -615,7 +617,14 @@ fn replay_segment(
                 format!("unreadable record at byte {at} of a segment that is not the last"),
             ));
         }
-        if !record::is_torn_append(&bytes[at..], at as u64, bytes.len()) {
+        // Truncation (and the zeroing of a torn tail) zeroes forward from a record
+        // boundary and fsyncs at the end: a crash part way leaves a whole zero header at
+        // the cut with stale records after it. Those were being cut; what is before stays.
+        // (One flipped bit cannot zero a whole header.)
+        let unfinished_cut = bytes
+            .get(at..at + record::HEADER_BYTES)
+            .is_some_and(|header| header.iter().all(|byte| *byte == 0));
+        if !unfinished_cut && !record::is_torn_append(&bytes[at..], at as u64, bytes.len()) {
             return Err(corrupt(
                 path,
                 format!(
@@ -624,7 +633,7 @@ fn replay_segment(
                 ),
             ));
         }
-        tracing::warn!(path = %path.display(), at, "log ends in a torn append; zeroing it");
+        tracing::warn!(path = %path.display(), at, unfinished_cut, "log ends in a torn append or an unfinished truncation; zeroing it");
         zero(&file, path, at as u64, bytes.len() as u64)?;
         file.sync_data().map_err(|e| io_error(path, "fsync", e))?;
     }
