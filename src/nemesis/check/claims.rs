@@ -99,34 +99,7 @@ pub fn committed_claims_lost(history: &[Op]) -> Vec<Anomaly> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn op(id: usize, request: Request, span: (u64, u64), outcome: Outcome) -> Op {
-        Op {
-            id,
-            client: 0,
-            node: 1,
-            request,
-            timeout_ms: 100,
-            invoke_us: span.0,
-            return_us: span.1,
-            outcome,
-        }
-    }
-
-    fn claim(hook: &str) -> Request {
-        Request::Claim {
-            key: "k".into(),
-            hook: hook.into(),
-        }
-    }
-
-    fn commit(hook: &str) -> Request {
-        Request::Settle {
-            key: "k".into(),
-            hook: hook.into(),
-            commit: true,
-        }
-    }
+    use crate::nemesis::check::fixtures::{claim, commit, op};
 
     #[test]
     fn a_duplicate_needs_a_commit_sent_before_it_returned() {

@@ -361,34 +361,7 @@ pub fn check(history: &[Op], settled_by_us: u64) -> Vec<(String, Verdict)> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn op(id: usize, request: Request, span: (u64, u64), outcome: Outcome) -> Op {
-        Op {
-            id,
-            client: id,
-            node: 1,
-            request,
-            timeout_ms: 100,
-            invoke_us: span.0,
-            return_us: span.1,
-            outcome,
-        }
-    }
-
-    fn claim(hook: &str) -> Request {
-        Request::Claim {
-            key: "k".into(),
-            hook: hook.into(),
-        }
-    }
-
-    fn commit(hook: &str) -> Request {
-        Request::Settle {
-            key: "k".into(),
-            hook: hook.into(),
-            commit: true,
-        }
-    }
+    use crate::nemesis::check::fixtures::{claim, commit, op};
 
     fn fleet(answer: Answer) -> Outcome {
         Outcome::Answered(answer, Decided::Fleet)

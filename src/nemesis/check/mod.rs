@@ -104,3 +104,38 @@ pub fn all(history: &[Op], downtimes: &[Downtime], slack_us: u64, settled_by_us:
         .extend(deadlines(history, downtimes, slack_us));
     findings
 }
+
+/// Histories for the checkers' tests: calls on one key `k`.
+#[cfg(test)]
+pub(crate) mod fixtures {
+    use crate::nemesis::history::{Op, Outcome, Request};
+
+    /// Call `id` (its own client) on node 1, from `span.0` to `span.1`.
+    pub(crate) fn op(id: usize, request: Request, span: (u64, u64), outcome: Outcome) -> Op {
+        Op {
+            id,
+            client: id,
+            node: 1,
+            request,
+            timeout_ms: 100,
+            invoke_us: span.0,
+            return_us: span.1,
+            outcome,
+        }
+    }
+
+    pub(crate) fn claim(hook: &str) -> Request {
+        Request::Claim {
+            key: "k".into(),
+            hook: hook.into(),
+        }
+    }
+
+    pub(crate) fn commit(hook: &str) -> Request {
+        Request::Settle {
+            key: "k".into(),
+            hook: hook.into(),
+            commit: true,
+        }
+    }
+}
