@@ -120,6 +120,7 @@ pub async fn cluster_status(target: &AdminTarget) -> anyhow::Result<ClusterStatu
     Ok(admin
         .cluster_status(ClusterStatusRequest {
             cluster_id: target.cluster_id()?,
+            digest: false,
         })
         .await?
         .into_inner())

@@ -66,10 +66,14 @@ enum Cmd {
         /// What a call may take beyond its timeout_ms before the deadline checker objects.
         #[arg(long, default_value_t = 5)]
         deadline_slack_ms: u64,
-        /// Plant a known bug in every node (duplicate_for_pending, forget_queued_settle),
-        /// to see the checkers catch it.
+        /// Plant a known bug in every node (duplicate_for_pending, forget_queued_settle,
+        /// own_clock, early_follower_ack), to see the checkers catch it.
         #[arg(long)]
         plant_bug: Option<String>,
+        /// The fault kinds to draw from, comma-separated: partition, pause, kill, lost,
+        /// membership, clock (default: all).
+        #[arg(long, value_delimiter = ',', value_parser = clap::builder::PossibleValuesParser::new(ankusa_fleet::nemesis::schedule::KINDS))]
+        faults: Option<Vec<String>>,
     },
 }
 
@@ -189,6 +193,7 @@ async fn main() -> anyhow::Result<()> {
             clients,
             deadline_slack_ms,
             plant_bug,
+            faults,
         } => {
             let plan = ankusa_fleet::nemesis::Plan {
                 seed,
@@ -197,6 +202,12 @@ async fn main() -> anyhow::Result<()> {
                 clients_per_node: clients,
                 deadline_slack: std::time::Duration::from_millis(deadline_slack_ms),
                 planted_bug: plant_bug,
+                kinds: faults.unwrap_or_else(|| {
+                    ankusa_fleet::nemesis::schedule::KINDS
+                        .iter()
+                        .map(|kind| (*kind).to_owned())
+                        .collect()
+                }),
             };
             let outcomes = ankusa_fleet::nemesis::run(&plan).await?;
             let failed = !outcomes.findings.anomalies.is_empty();

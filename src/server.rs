@@ -175,12 +175,13 @@ fn open_state(
     disk: &SledDisk,
     durable: &crate::raft::durability::DurableLog,
     purged: Option<crate::raft::LogId>,
+    planted: Option<crate::config::PlantedBug>,
 ) -> Result<StateMachineStore, StartError> {
     let failed = |reason: String| StartError::State {
         path: path.display().to_string(),
         reason,
     };
-    let state = match unless_panic(|| StateMachineStore::open(disk, durable.clone())) {
+    let state = match unless_panic(|| StateMachineStore::open(disk, durable.clone(), planted)) {
         Ok(Ok(state)) => state,
         Ok(Err(e)) => return Err(failed(e.to_string())),
         Err(panic) => return Err(failed(format!("sled panicked: {panic}"))),
@@ -209,7 +210,7 @@ pub async fn start(config: NodeConfig, listeners: Listeners) -> Result<RunningNo
         tracing::warn!(raft_addr = %config.raft_addr, "insecure_peer_traffic = true: Raft traffic is plaintext and unauthenticated; anyone who reaches raft_addr can rewrite this node's log");
     }
     open_dir(&config.data_dir)?;
-    let faults = Faults::new(config.fault_injection);
+    let faults = Faults::new(config.fault_injection).planting(config.planted_bug);
     let log_store = LogStore::open(
         &config.data_dir.join("raft-log.redb"),
         config.node_id,
@@ -223,7 +224,7 @@ pub async fn start(config: NodeConfig, listeners: Listeners) -> Result<RunningNo
         .map_err(|e| StartError::LogStore(e.to_string()))?;
     let sled_path = config.data_dir.join("state.sled");
     let disk = open_sled(&sled_path)?;
-    let state = open_state(&sled_path, &disk, &durable, purged)?;
+    let state = open_state(&sled_path, &disk, &durable, purged, faults.planted())?;
     let snapshot_state = state.clone();
     let local = LocalEngine::open(
         &config.data_dir.join(crate::local::NODE_SCOPE_JOURNAL),

@@ -1,6 +1,6 @@
 //! The nemesis as CI runs it (docs/reliability.md): short seeded runs against fleets of
 //! its own (child processes of the binary under test). A clean fleet shows no anomaly, and
-//! a planted bug makes the nemesis report anomalies and exit non-zero; the report ends
+//! each planted bug makes the nemesis report anomalies and exit non-zero; the report ends
 //! with the one summary line `nemesis seed S: N ops, F faults, A anomalies`.
 
 use std::process::Command;
@@ -10,7 +10,8 @@ use std::process::Command;
 /// and then (docs/reliability.md): here the deadline check only catches calls that hang.
 const CI_DEADLINE_SLACK_MS: &str = "1000";
 
-/// A seed whose first 30 s hold five partitions, so nodes cut off queue settles.
+/// A seed whose first 30 s hold faults of every kind but `lost`, partitions among them,
+/// so nodes cut off queue settles.
 const SEED: &str = "27";
 
 struct Run {
@@ -20,11 +21,16 @@ struct Run {
     counts: (u64, u64, u64),
 }
 
-fn nemesis(seed: &str, duration_s: &str, planted_bug: Option<&str>) -> Run {
+/// Runs the nemesis for `seed` and `duration_s`, with every fault kind or only `faults`
+/// (comma-separated), and with `planted_bug` planted in every node.
+fn nemesis(seed: &str, duration_s: &str, faults: Option<&str>, planted_bug: Option<&str>) -> Run {
     let mut command = Command::new(env!("CARGO_BIN_EXE_ankusa-fleet"));
     command
         .args(["nemesis", "--seed", seed, "--duration-s", duration_s])
         .args(["--deadline-slack-ms", CI_DEADLINE_SLACK_MS]);
+    if let Some(kinds) = faults {
+        command.args(["--faults", kinds]);
+    }
     if let Some(bug) = planted_bug {
         command.args(["--plant-bug", bug]);
     }
@@ -87,7 +93,7 @@ fn anomalies_of(report: &str, checker: &str) -> u64 {
 
 #[test]
 fn a_ci_sized_nemesis_run_finds_no_anomaly() {
-    let run = nemesis(SEED, "30", None);
+    let run = nemesis(SEED, "30", None, None);
     let (ops, faults, anomalies) = run.counts;
     assert!(run.success, "{}", run.report);
     assert!(ops > 500, "a workload that did something: {}", run.report);
@@ -99,7 +105,7 @@ fn a_ci_sized_nemesis_run_finds_no_anomaly() {
 /// nemesis must say so and fail.
 #[test]
 fn a_planted_duplicate_for_a_pending_claim_is_reported() {
-    let run = nemesis("11", "20", Some("duplicate_for_pending"));
+    let run = nemesis("11", "20", None, Some("duplicate_for_pending"));
     assert!(!run.success, "{}", run.report);
     assert!(run.counts.2 > 0, "{}", run.report);
     assert!(
@@ -107,4 +113,42 @@ fn a_planted_duplicate_for_a_pending_claim_is_reported() {
         "{}",
         run.report
     );
+}
+
+/// A node that applies entries with its own clock instead of the leader's stamp drifts
+/// from the others: the healed replicas' state digests differ at one log index.
+#[test]
+fn a_planted_own_clock_is_reported_by_the_convergence_checker() {
+    let run = nemesis("4", "15", Some("partition"), Some("own_clock"));
+    assert!(!run.success, "{}", run.report);
+    assert!(
+        anomalies_of(&run.report, "convergence") > 0,
+        "{}",
+        run.report
+    );
+}
+
+/// Followers that acknowledge appends before their fsync let the leader commit what a
+/// majority then loses: the `lost` fault on the followers shows it. The same seed and
+/// schedule without the bug is clean, so it is the bug the checkers see.
+#[test]
+fn a_planted_early_follower_ack_is_reported_and_the_same_run_without_it_is_clean() {
+    let bugged = nemesis("3", "20", Some("lost"), Some("early_follower_ack"));
+    assert!(!bugged.success, "{}", bugged.report);
+    assert!(
+        bugged
+            .report
+            .lines()
+            .any(|line| line.contains("Lost { followers: true }")),
+        "the schedule loses the followers' writes: {}",
+        bugged.report
+    );
+    let lost_or_diverged = anomalies_of(&bugged.report, "committed claim lost")
+        + anomalies_of(&bugged.report, "linearizability")
+        + anomalies_of(&bugged.report, "convergence");
+    assert!(lost_or_diverged > 0, "{}", bugged.report);
+
+    let clean = nemesis("3", "20", Some("lost"), None);
+    assert!(clean.success, "{}", clean.report);
+    assert_eq!(clean.counts.2, 0, "{}", clean.report);
 }

@@ -162,6 +162,7 @@ async fn peer_tls_admits_only_fleet_certificates_and_admin_is_not_on_the_edge_po
     let on_api = AdminClient::new(api)
         .cluster_status(ClusterStatusRequest {
             cluster_id: "ankusa-fleet".to_owned(),
+            digest: false,
         })
         .await
         .expect_err("Admin on api_addr");

@@ -19,7 +19,7 @@ use crate::pb::internal::{
     AddMemberRequest, AdminResponse, ClusterMember, ClusterStatusRequest, ClusterStatusResponse,
     RemoveMemberRequest, SetFaultsRequest,
 };
-use crate::raft::faults::{Fault, Faults};
+use crate::raft::faults::{Direction, Fault, Faults};
 use crate::raft::MemberNode;
 
 /// Marks a call one node forwarded to the leader: it is not forwarded again (two nodes with
@@ -169,7 +169,14 @@ impl Admin for AdminService {
     ) -> Result<Response<ClusterStatusResponse>, Status> {
         self.same_cluster(&request.get_ref().cluster_id)?;
         let status = self.node.status();
+        let (digest_index, state_digest) = if request.get_ref().digest {
+            self.node.state_digest()
+        } else {
+            (0, 0)
+        };
         Ok(Response::new(ClusterStatusResponse {
+            state_digest,
+            digest_index,
             node_id: status.node_id,
             leader_id: status.leader_id.unwrap_or(0),
             term: status.term,
@@ -206,7 +213,25 @@ impl Admin for AdminService {
                     return Err(Status::invalid_argument(message));
                 }
             };
-            rules.insert(fault.peer_id, rule);
+            let direction = match pb::internal::FaultDirection::try_from(fault.direction) {
+                Ok(pb::internal::FaultDirection::Both) => Direction::Both,
+                Ok(pb::internal::FaultDirection::Outgoing) => Direction::Outgoing,
+                Ok(pb::internal::FaultDirection::Incoming) => Direction::Incoming,
+                Err(_) => {
+                    let message =
+                        format!("faults[{i}].direction: must be BOTH, OUTGOING or INCOMING");
+                    return Err(Status::invalid_argument(message));
+                }
+            };
+            rules.insert(fault.peer_id, (rule, direction));
+        }
+        if request.clock_offset_ms.unsigned_abs() > crate::contract::TTL_MS_MAX {
+            let message = format!(
+                "clock_offset_ms: {} is beyond ±{} (30 days)",
+                request.clock_offset_ms,
+                crate::contract::TTL_MS_MAX
+            );
+            return Err(Status::invalid_argument(message));
         }
         let count = rules.len();
         self.faults
@@ -215,13 +240,20 @@ impl Admin for AdminService {
         self.faults
             .hold_log_writes(request.hold_log_writes)
             .map_err(Status::failed_precondition)?;
+        self.faults
+            .set_clock_offset_ms(request.clock_offset_ms)
+            .map_err(Status::failed_precondition)?;
         let held = if request.hold_log_writes {
             ", log writer held"
         } else {
             ""
         };
+        let offset = match request.clock_offset_ms {
+            0 => String::new(),
+            offset_ms => format!(", wall clock off by {offset_ms} ms"),
+        };
         Ok(Response::new(AdminResponse {
-            message: format!("{count} fault rules set{held}"),
+            message: format!("{count} fault rules set{held}{offset}"),
         }))
     }
 }

@@ -116,6 +116,11 @@ pub enum PlantedBug {
     DuplicateForPending,
     /// Answer a settle `queued` without writing it to the settle queue.
     ForgetQueuedSettle,
+    /// Apply entries with this node's own wall clock instead of the leader's stamp.
+    OwnClock,
+    /// Report a follower's appended entries to openraft before they are fsynced, so the
+    /// leader counts them towards a quorum while they could still be lost.
+    EarlyFollowerAck,
 }
 
 /// Defaults for every optional key.

@@ -11,27 +11,57 @@ use tokio::time::Instant;
 
 use crate::cli::AdminTarget;
 use crate::pb;
-use crate::pb::internal::{FaultKind, PeerFault, SetFaultsRequest};
+use crate::pb::internal::{
+    AddMemberRequest, ClusterStatusRequest, FaultDirection, FaultKind, PeerFault, SetFaultsRequest,
+};
 
 /// How long the fleet may take to elect its first leader.
 const LEADER_WAIT: Duration = Duration::from_secs(30);
 /// How long an admin or status call to a node may take.
 const CALL_TIMEOUT: Duration = Duration::from_secs(2);
+/// How long a membership change may take (a joining node may catch up first).
+const MEMBERSHIP_WAIT: Duration = Duration::from_secs(20);
 
 /// One node of the fleet.
 struct Node {
     api_addr: String,
     raft_addr: String,
     config: PathBuf,
+    data_dir: PathBuf,
     log: PathBuf,
     /// `None` while killed.
     child: Option<Child>,
 }
 
-/// A fleet of child processes.
+/// A fleet of child processes: `core` members from the start, and one spare node (id
+/// `core + 1`, no members in its config) that the `membership` fault adds and removes.
 pub struct Fleet {
     exe: PathBuf,
     nodes: BTreeMap<u64, Node>,
+    core: u64,
+    /// Whether the spare is a member now (added and not yet removed).
+    spare_member: bool,
+}
+
+/// One transport fault rule on a node: traffic with `peer` in `direction` gets `kind`.
+#[derive(Clone, Copy, Debug)]
+pub struct Rule {
+    pub peer: u64,
+    pub kind: FaultKind,
+    pub delay_ms: u64,
+    pub direction: FaultDirection,
+}
+
+impl Rule {
+    /// `kind` both ways with `peer`.
+    pub fn both(peer: u64, kind: FaultKind) -> Self {
+        Self {
+            peer,
+            kind,
+            delay_ms: 0,
+            direction: FaultDirection::Both,
+        }
+    }
 }
 
 fn free_port() -> anyhow::Result<u16> {
@@ -47,14 +77,14 @@ impl Fleet {
     /// `extra` is added to every node's config (e.g. a `planted_bug`).
     pub async fn start(exe: &Path, dir: &Path, count: u64, extra: &str) -> anyhow::Result<Self> {
         let mut addrs = Vec::new();
-        for id in 1..=count {
+        for id in 1..=count + 1 {
             addrs.push((
                 id,
                 format!("127.0.0.1:{}", free_port()?),
                 format!("127.0.0.1:{}", free_port()?),
             ));
         }
-        let members: String = addrs
+        let members: String = addrs[..count as usize]
             .iter()
             .map(|(id, api, raft)| {
                 format!("\n[[members]]\nid = {id}\napi_addr = \"{api}\"\nraft_addr = \"{raft}\"\n")
@@ -64,6 +94,8 @@ impl Fleet {
         for (id, api_addr, raft_addr) in &addrs {
             let data_dir = dir.join(format!("node{id}"));
             let config = dir.join(format!("node{id}.toml"));
+            // The spare starts with no members: it joins when the fleet adds it.
+            let members = if *id <= count { members.as_str() } else { "" };
             let text = format!(
                 "node_id = {id}\napi_addr = \"{api_addr}\"\nraft_addr = \"{raft_addr}\"\ndata_dir = \"{}\"\nfault_injection = true\n{extra}\n{members}",
                 data_dir.display()
@@ -76,6 +108,7 @@ impl Fleet {
                     api_addr: api_addr.clone(),
                     raft_addr: raft_addr.clone(),
                     config,
+                    data_dir,
                     log: dir.join(format!("node{id}.log")),
                     child: None,
                 },
@@ -84,6 +117,8 @@ impl Fleet {
         let mut fleet = Self {
             exe: exe.to_path_buf(),
             nodes,
+            core: count,
+            spare_member: false,
         };
         for id in 1..=count {
             fleet.spawn(id)?;
@@ -110,9 +145,102 @@ impl Fleet {
         Ok(())
     }
 
-    /// The node ids.
+    /// The ids of the nodes that were members from the start.
     pub fn ids(&self) -> Vec<u64> {
-        self.nodes.keys().copied().collect()
+        (1..=self.core).collect()
+    }
+
+    /// The ids of every member now: the core, and the spare while it is one.
+    pub fn members(&self) -> Vec<u64> {
+        let mut ids = self.ids();
+        if self.spare_member {
+            ids.push(self.spare());
+        }
+        ids
+    }
+
+    /// The spare node's id.
+    pub fn spare(&self) -> u64 {
+        self.core + 1
+    }
+
+    fn admin_target(&self, id: u64) -> AdminTarget {
+        AdminTarget {
+            addr: Some(self.nodes[&id].raft_addr.clone()),
+            config: None,
+            ca: None,
+            cert: None,
+            key: None,
+            cluster_id: None,
+        }
+    }
+
+    /// Starts the spare on an empty data dir and asks the fleet, through node `via`, to add
+    /// it: as a learner, or as a voter (a learner already is promoted). The admin answer.
+    ///
+    /// # Errors
+    /// When the spare cannot be started or the fleet refuses.
+    pub async fn add_spare(&mut self, via: u64, voter: bool) -> anyhow::Result<String> {
+        let spare = self.spare();
+        if !self.is_up(spare) {
+            self.spawn(spare)?;
+        }
+        let node = &self.nodes[&spare];
+        let request = AddMemberRequest {
+            cluster_id: String::new(),
+            id: spare,
+            api_addr: node.api_addr.clone(),
+            raft_addr: node.raft_addr.clone(),
+            voter,
+        };
+        let answer = tokio::time::timeout(
+            MEMBERSHIP_WAIT,
+            crate::cli::add(&self.admin_target(via), request),
+        )
+        .await
+        .context("AddMember timed out")??;
+        self.spare_member = true;
+        Ok(answer)
+    }
+
+    /// Asks the fleet, through node `via`, to remove the spare; once removed, stops it and
+    /// wipes its data dir (a later add starts it afresh). The admin answer.
+    ///
+    /// # Errors
+    /// When the fleet refuses or does not answer.
+    pub async fn remove_spare(&mut self, via: u64) -> anyhow::Result<String> {
+        let spare = self.spare();
+        let answer = tokio::time::timeout(
+            MEMBERSHIP_WAIT,
+            crate::cli::remove(&self.admin_target(via), spare),
+        )
+        .await
+        .context("RemoveMember timed out")??;
+        self.spare_member = false;
+        self.kill(spare);
+        let data_dir = self.nodes[&spare].data_dir.clone();
+        std::fs::remove_dir_all(&data_dir)
+            .or_else(|e| match e.kind() {
+                std::io::ErrorKind::NotFound => Ok(()),
+                _ => Err(e),
+            })
+            .with_context(|| format!("wiping {}", data_dir.display()))?;
+        Ok(answer)
+    }
+
+    /// Node `id`'s applied index and state digest, if it answers in time.
+    pub async fn digest(&self, id: u64) -> Option<(u64, u64)> {
+        let target = self.admin_target(id);
+        let call = async {
+            let request = ClusterStatusRequest {
+                cluster_id: target.cluster_id()?,
+                digest: true,
+            };
+            let status = target.connect().await?.cluster_status(request).await?;
+            let status = status.into_inner();
+            anyhow::Ok((status.digest_index, status.state_digest))
+        };
+        tokio::time::timeout(CALL_TIMEOUT, call).await.ok()?.ok()
     }
 
     /// Node `id`'s edge address.
@@ -152,6 +280,18 @@ impl Fleet {
             leader = Some(seen);
         }
         leader
+    }
+
+    /// A leader some running node names, if any (whether or not the others agree).
+    pub async fn any_leader(&self) -> Option<u64> {
+        for id in self.members() {
+            if let Some(status) = self.status(id).await {
+                if status.leader_id != 0 {
+                    return Some(status.leader_id);
+                }
+            }
+        }
+        None
     }
 
     /// Waits until the running nodes agree on a leader.
@@ -208,35 +348,32 @@ impl Fleet {
         self.spawn(id)
     }
 
-    /// Sets node `id`'s transport fault rules (`(peer, kind, delay)`) and log-writer hold.
+    /// Sets node `id`'s transport fault rules, log-writer hold and wall-clock offset (each
+    /// call replaces all three).
     ///
     /// # Errors
     /// When the node cannot be reached.
     pub async fn set_faults(
         &self,
         id: u64,
-        rules: &[(u64, FaultKind, u64)],
+        rules: &[Rule],
         hold_log_writes: bool,
+        clock_offset_ms: i64,
     ) -> anyhow::Result<()> {
-        let target = AdminTarget {
-            addr: Some(self.nodes[&id].raft_addr.clone()),
-            config: None,
-            ca: None,
-            cert: None,
-            key: None,
-            cluster_id: None,
-        };
+        let target = self.admin_target(id);
         let request = SetFaultsRequest {
             cluster_id: target.cluster_id()?,
             faults: rules
                 .iter()
-                .map(|(peer_id, kind, delay_ms)| PeerFault {
-                    peer_id: *peer_id,
-                    kind: *kind as i32,
-                    delay_ms: *delay_ms,
+                .map(|rule| PeerFault {
+                    peer_id: rule.peer,
+                    kind: rule.kind as i32,
+                    delay_ms: rule.delay_ms,
+                    direction: rule.direction as i32,
                 })
                 .collect(),
             hold_log_writes,
+            clock_offset_ms,
         };
         tokio::time::timeout(CALL_TIMEOUT, async {
             target.connect().await?.set_faults(request).await?;
@@ -266,18 +403,52 @@ impl Fleet {
         false
     }
 
+    /// Waits until every member has applied the same log index; then their state digests
+    /// must agree. `Err` names what differs: digests at one index (an anomaly), or indexes
+    /// that never met within `wait`.
+    pub async fn wait_converged(&self, wait: Duration) -> Result<(u64, usize), String> {
+        let deadline = Instant::now() + wait;
+        let mut last = Vec::new();
+        while Instant::now() < deadline {
+            let mut seen = Vec::new();
+            for id in self.members() {
+                seen.push((id, self.digest(id).await));
+            }
+            let indexes: Vec<Option<u64>> = seen
+                .iter()
+                .map(|(_, digest)| digest.map(|(index, _)| index))
+                .collect();
+            if let Some(Some(index)) = indexes.first() {
+                if indexes.iter().all(|other| *other == Some(*index)) {
+                    let first = seen[0].1;
+                    if seen.iter().all(|(_, digest)| *digest == first) {
+                        return Ok((*index, seen.len()));
+                    }
+                    return Err(format!(
+                        "at log index {index} the replicas' state digests differ: {seen:?} (node, (index, digest))"
+                    ));
+                }
+            }
+            last = seen;
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        Err(format!(
+            "the replicas never applied the same index within {wait:?}: {last:?} (node, (index, digest))"
+        ))
+    }
+
     /// Heals everything: every node runs and answers, no fault rule, no hold.
     ///
     /// # Errors
     /// When a node cannot be restarted or reached.
     pub async fn heal(&mut self) -> anyhow::Result<()> {
-        for id in self.ids() {
+        for id in self.members() {
             self.resume(id);
             self.restart(id)?;
         }
-        for id in self.ids() {
+        for id in self.members() {
             let deadline = Instant::now() + LEADER_WAIT;
-            while let Err(e) = self.set_faults(id, &[], false).await {
+            while let Err(e) = self.set_faults(id, &[], false, 0).await {
                 if Instant::now() > deadline {
                     return Err(e.context(format!("healing node {id}")));
                 }
@@ -290,7 +461,8 @@ impl Fleet {
 
 impl Drop for Fleet {
     fn drop(&mut self) {
-        for id in self.ids() {
+        let every: Vec<u64> = self.nodes.keys().copied().collect();
+        for id in every {
             self.resume(id);
             self.kill(id);
         }

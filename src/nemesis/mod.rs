@@ -21,7 +21,8 @@ use fleet::Fleet;
 use history::{Decided, Op, Outcome, Recorder};
 use schedule::{Fault, Planned, Target};
 
-use crate::pb::internal::FaultKind;
+use crate::pb::internal::{FaultDirection, FaultKind};
+use fleet::Rule;
 
 /// What to run.
 #[derive(Clone, Debug)]
@@ -35,13 +36,17 @@ pub struct Plan {
     /// A known bug every node plays (`config::PlantedBug`, as the config spells it), to
     /// show the checkers catch it.
     pub planted_bug: Option<String>,
+    /// The fault kinds to draw from (names of `schedule::KINDS`).
+    pub kinds: Vec<String>,
 }
 
-/// A fault as it happened: on which node, from when to when (µs since the run began).
+/// A fault as it happened: on which nodes (none: skipped, there was no leader to take),
+/// from when to when (µs since the run began), and what else the report should say.
 #[derive(Clone, Debug)]
 pub struct Applied {
     pub planned: Planned,
-    pub node: Option<u64>,
+    pub nodes: Vec<u64>,
+    pub note: String,
     pub from_us: u64,
     pub to_us: u64,
 }
@@ -60,6 +65,10 @@ const RECONCILE_WAIT: Duration = Duration::from_secs(30);
 const PROBE_CLIENT: usize = 1_000;
 /// How long a killed or paused node may take to answer again once the fault ends.
 const BACK_WAIT: Duration = Duration::from_secs(20);
+/// How long the healed fleet's replicas may take to apply the same log index.
+const CONVERGE_WAIT: Duration = Duration::from_secs(30);
+/// How long after a forward clock is set back the fleet's clock may still jump.
+const JUMP_MARGIN_US: u64 = 3_000_000;
 
 /// Runs the nemesis: a fleet, the workload and the schedule for `plan.duration`, then a
 /// heal and the checkers.
@@ -80,7 +89,8 @@ pub async fn run(plan: &Plan) -> anyhow::Result<Outcomes> {
         .map(|bug| format!("planted_bug = \"{bug}\""))
         .unwrap_or_default();
     let mut fleet = Fleet::start(&exe, &dir, plan.nodes, &extra).await?;
-    let schedule = schedule::plan(plan.seed, plan.duration.as_millis() as u64);
+    let kinds: Vec<&str> = plan.kinds.iter().map(String::as_str).collect();
+    let schedule = schedule::plan(plan.seed, plan.duration.as_millis() as u64, &kinds);
     let recorder = Recorder::new();
     let (stop, stopped) = watch::channel(false);
     let mut clients = Vec::new();
@@ -107,7 +117,20 @@ pub async fn run(plan: &Plan) -> anyhow::Result<Outcomes> {
         let _ = client.await;
     }
     fleet.heal().await?;
-    let leader = fleet.wait_for_leader(BACK_WAIT).await?;
+    // A healed fleet agrees on a leader. One that does not has lost something it should
+    // not (a node's Raft core stopped on a log that went back, say): that is a finding,
+    // and the probes go to whichever leader some node still names.
+    let mut recovery = None;
+    let leader = match fleet.wait_for_leader(BACK_WAIT).await {
+        Ok(leader) => leader,
+        Err(e) => {
+            let named = fleet.any_leader().await;
+            recovery = Some(format!(
+                "after the heal: {e:#}; some node names {named:?}; the nodes' logs say why"
+            ));
+            named.context("after the heal no node names a leader")?
+        }
+    };
     let reconciled = fleet.wait_reconciled(RECONCILE_WAIT).await;
     // From here on every queued settle must have reached the fleet.
     let settled_by_us = recorder.now_us();
@@ -134,24 +157,38 @@ pub async fn run(plan: &Plan) -> anyhow::Result<Outcomes> {
         .filter(|fault| {
             matches!(
                 fault.planned.fault,
-                Fault::Pause { .. } | Fault::Kill { .. } | Fault::Lost
+                Fault::Pause { .. } | Fault::Kill { .. } | Fault::Lost { .. }
             )
         })
-        .filter_map(|fault| {
-            fault.node.map(|node| Downtime {
-                node,
+        .flat_map(|fault| {
+            fault.nodes.iter().map(|node| Downtime {
+                node: *node,
                 from_us: fault.from_us,
                 to_us: fault.to_us,
             })
         })
         .collect();
+    // A forward clock may stamp entries until shortly after it is set back (a proposal
+    // stamped before, committed after): the jump may come that much later.
+    let jumps: Vec<(u64, u64)> = applied
+        .iter()
+        .filter(|fault| {
+            !fault.nodes.is_empty()
+                && matches!(fault.planned.fault, Fault::Clock { forward: true, .. })
+        })
+        .map(|fault| (fault.from_us, fault.to_us + JUMP_MARGIN_US))
+        .collect();
+    let converged = fleet.wait_converged(CONVERGE_WAIT).await;
     let checking = Instant::now();
-    let mut findings = check::all(
-        &history,
-        &downtimes,
-        plan.deadline_slack.as_micros() as u64,
+    let mut findings = check::all(&check::Run {
+        history: &history,
+        downtimes: &downtimes,
+        slack_us: plan.deadline_slack.as_micros() as u64,
         settled_by_us,
-    );
+        jumps: &jumps,
+        bucket: workload::BUCKET,
+        voters: plan.nodes,
+    });
     findings.checked_in = checking.elapsed();
     if !reconciled {
         findings.anomalies.push(check::Anomaly {
@@ -161,6 +198,21 @@ pub async fn run(plan: &Plan) -> anyhow::Result<Outcomes> {
             ),
             ops: Vec::new(),
         });
+    }
+    if let Some(detail) = recovery {
+        findings.anomalies.push(check::Anomaly {
+            checker: "recovery",
+            detail,
+            ops: Vec::new(),
+        });
+    }
+    match converged {
+        Ok((index, replicas)) => findings.converged = Some((index, replicas)),
+        Err(detail) => findings.anomalies.push(check::Anomaly {
+            checker: "convergence",
+            detail,
+            ops: Vec::new(),
+        }),
     }
     Ok(Outcomes {
         history,
@@ -186,71 +238,246 @@ async fn wait_back(fleet: &Fleet, id: u64) {
     }
 }
 
-/// Inflicts one fault for its time, then lifts it.
-async fn inflict(fleet: &mut Fleet, recorder: &Recorder, planned: &Planned) -> Applied {
-    let lasts = Duration::from_millis(planned.for_ms);
-    let target = match planned.fault {
-        Fault::Partition { target, .. }
-        | Fault::Delay { target, .. }
-        | Fault::Pause { target }
-        | Fault::Kill { target } => target,
-        Fault::Lost => Target::Leader,
-    };
-    let node = resolve(fleet, target).await;
-    let from_us = recorder.now_us();
-    if let Some(id) = node {
-        let peers: Vec<u64> = fleet.ids().into_iter().filter(|peer| *peer != id).collect();
-        let rules = |kind: FaultKind, delay_ms: u64| -> Vec<(u64, FaultKind, u64)> {
-            peers.iter().map(|peer| (*peer, kind, delay_ms)).collect()
-        };
-        match planned.fault {
-            Fault::Partition { blackhole, .. } => {
-                let kind = if blackhole {
-                    FaultKind::Blackhole
-                } else {
-                    FaultKind::Drop
-                };
-                let _ = fleet.set_faults(id, &rules(kind, 0), false).await;
-                tokio::time::sleep(lasts).await;
-                let _ = fleet.set_faults(id, &[], false).await;
-            }
-            Fault::Delay { delay_ms, .. } => {
-                let _ = fleet
-                    .set_faults(id, &rules(FaultKind::Delay, delay_ms), false)
-                    .await;
-                tokio::time::sleep(lasts).await;
-                let _ = fleet.set_faults(id, &[], false).await;
-            }
-            Fault::Pause { .. } => {
-                fleet.pause(id);
-                tokio::time::sleep(lasts).await;
-                fleet.resume(id);
-                wait_back(fleet, id).await;
-            }
-            Fault::Kill { .. } => {
-                fleet.kill(id);
-                tokio::time::sleep(lasts).await;
-                let _ = fleet.restart(id);
-                wait_back(fleet, id).await;
-            }
-            Fault::Lost => {
-                let _ = fleet.set_faults(id, &[], true).await;
-                tokio::time::sleep(lasts.min(Duration::from_millis(500))).await;
-                fleet.kill(id);
-                tokio::time::sleep(lasts).await;
-                let _ = fleet.restart(id);
-                wait_back(fleet, id).await;
+/// Waits until one of `voters` leads, as every one of them sees it.
+async fn wait_for_leader_among(fleet: &Fleet, voters: &[u64]) -> Option<u64> {
+    let deadline = Instant::now() + BACK_WAIT;
+    while Instant::now() < deadline {
+        let mut agreed = None;
+        for id in voters {
+            let seen = fleet.status(*id).await.map(|status| status.leader_id);
+            match (seen, agreed) {
+                (Some(leader), None) if voters.contains(&leader) => agreed = Some(leader),
+                (Some(leader), Some(agreed_on)) if leader == agreed_on => {}
+                _ => {
+                    agreed = None;
+                    break;
+                }
             }
         }
+        if agreed.is_some() {
+            return agreed;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    None
+}
+
+/// Rules on node `id` cutting it off from each of `peers` with `kind`, in `direction`.
+fn cut(peers: &[u64], kind: FaultKind, direction: FaultDirection) -> Vec<Rule> {
+    peers
+        .iter()
+        .map(|peer| Rule {
+            peer: *peer,
+            kind,
+            delay_ms: 0,
+            direction,
+        })
+        .collect()
+}
+
+fn cut_kind(blackhole: bool) -> FaultKind {
+    if blackhole {
+        FaultKind::Blackhole
     } else {
-        tokio::time::sleep(lasts).await;
+        FaultKind::Drop
     }
-    Applied {
+}
+
+/// Inflicts one fault for its time, then lifts it; what it did goes into the `Applied`.
+async fn inflict(fleet: &mut Fleet, recorder: &Recorder, planned: &Planned) -> Applied {
+    let lasts = Duration::from_millis(planned.for_ms);
+    let from_us = recorder.now_us();
+    let leader = fleet.leader().await;
+    let target = match planned.fault {
+        Fault::Isolate { target, .. }
+        | Fault::OneWay { target, .. }
+        | Fault::Delay { target, .. }
+        | Fault::Pause { target }
+        | Fault::Kill { target }
+        | Fault::Clock { target, .. } => resolve(fleet, target).await,
+        Fault::Split { .. } | Fault::Lost { .. } | Fault::Membership => leader,
+    };
+    let mut applied = Applied {
         planned: *planned,
-        node,
+        nodes: Vec::new(),
+        note: String::new(),
         from_us,
-        to_us: recorder.now_us(),
-    }
+        to_us: from_us,
+    };
+    let Some(id) = target else {
+        tokio::time::sleep(lasts).await;
+        applied.to_us = recorder.now_us();
+        return applied;
+    };
+    let members = fleet.members();
+    let peers: Vec<u64> = members.iter().copied().filter(|peer| *peer != id).collect();
+    let both = FaultDirection::Both;
+    let mut note = String::new();
+    let nodes = match planned.fault {
+        Fault::Isolate { blackhole, .. } => {
+            let _ = fleet
+                .set_faults(id, &cut(&peers, cut_kind(blackhole), both), false, 0)
+                .await;
+            tokio::time::sleep(lasts).await;
+            let _ = fleet.set_faults(id, &[], false, 0).await;
+            vec![id]
+        }
+        Fault::OneWay {
+            blackhole,
+            outgoing,
+            ..
+        } => {
+            let direction = if outgoing {
+                FaultDirection::Outgoing
+            } else {
+                FaultDirection::Incoming
+            };
+            let _ = fleet
+                .set_faults(id, &cut(&peers, cut_kind(blackhole), direction), false, 0)
+                .await;
+            tokio::time::sleep(lasts).await;
+            let _ = fleet.set_faults(id, &[], false, 0).await;
+            vec![id]
+        }
+        Fault::Split {
+            with_leader,
+            blackhole,
+        } => {
+            // The minority: (n - 1) / 2 nodes, the leader first when it is in it.
+            let size = (members.len() - 1) / 2;
+            let mut minority: Vec<u64> = if with_leader { vec![id] } else { Vec::new() };
+            minority.extend(peers.iter().copied());
+            minority.truncate(size);
+            let majority: Vec<u64> = members
+                .iter()
+                .copied()
+                .filter(|node| !minority.contains(node))
+                .collect();
+            for node in &members {
+                let other_side = if minority.contains(node) {
+                    &majority
+                } else {
+                    &minority
+                };
+                let rules = cut(other_side, cut_kind(blackhole), both);
+                let _ = fleet.set_faults(*node, &rules, false, 0).await;
+            }
+            tokio::time::sleep(lasts).await;
+            for node in &members {
+                let _ = fleet.set_faults(*node, &[], false, 0).await;
+            }
+            note = format!("minority {minority:?}, majority {majority:?}");
+            minority
+        }
+        Fault::Delay { delay_ms, .. } => {
+            let rules: Vec<Rule> = peers
+                .iter()
+                .map(|peer| Rule {
+                    delay_ms,
+                    ..Rule::both(*peer, FaultKind::Delay)
+                })
+                .collect();
+            let _ = fleet.set_faults(id, &rules, false, 0).await;
+            tokio::time::sleep(lasts).await;
+            let _ = fleet.set_faults(id, &[], false, 0).await;
+            vec![id]
+        }
+        Fault::Pause { .. } => {
+            fleet.pause(id);
+            tokio::time::sleep(lasts).await;
+            fleet.resume(id);
+            wait_back(fleet, id).await;
+            vec![id]
+        }
+        Fault::Kill { .. } => {
+            fleet.kill(id);
+            tokio::time::sleep(lasts).await;
+            let _ = fleet.restart(id);
+            wait_back(fleet, id).await;
+            vec![id]
+        }
+        Fault::Lost { followers: false } => {
+            let _ = fleet.set_faults(id, &[], true, 0).await;
+            tokio::time::sleep(lasts.min(Duration::from_millis(500))).await;
+            fleet.kill(id);
+            tokio::time::sleep(lasts).await;
+            let _ = fleet.restart(id);
+            wait_back(fleet, id).await;
+            vec![id]
+        }
+        Fault::Lost { followers: true } => {
+            // Every follower holds its writer: nothing it appends reaches its disk, so the
+            // leader can commit nothing (it needs a follower's durable copy for a quorum).
+            // Then the followers die, losing what they held, and elect a leader of
+            // their own while the old one is cut off: had the leader counted an unsynced
+            // copy, the new term would not have that entry.
+            for follower in &peers {
+                let _ = fleet.set_faults(*follower, &[], true, 0).await;
+            }
+            tokio::time::sleep(lasts.min(Duration::from_millis(1_000))).await;
+            let _ = fleet
+                .set_faults(id, &cut(&peers, FaultKind::Drop, both), false, 0)
+                .await;
+            for follower in &peers {
+                fleet.kill(*follower);
+            }
+            for follower in &peers {
+                let _ = fleet.restart(*follower);
+            }
+            let elected = wait_for_leader_among(fleet, &peers).await;
+            note = format!("leader {id} cut off; the followers elected {elected:?}");
+            tokio::time::sleep(lasts.saturating_sub(Duration::from_millis(1_000))).await;
+            let _ = fleet.set_faults(id, &[], false, 0).await;
+            // The followers were down; the leader was not (it answers alone meanwhile).
+            peers.clone()
+        }
+        Fault::Membership => {
+            let step = |what: &str, answer: anyhow::Result<String>| match answer {
+                Ok(message) => format!("{what}: {message}; "),
+                Err(e) => format!("{what} failed: {e:#}; "),
+            };
+            if !fleet.members().contains(&fleet.spare()) {
+                let added = fleet.add_spare(id, false).await;
+                note += &step("add as learner", added);
+            }
+            tokio::time::sleep(lasts / 2).await;
+            let via = fleet.leader().await.unwrap_or(id);
+            let promoted = fleet.add_spare(via, true).await;
+            note += &step("promote", promoted);
+            tokio::time::sleep(lasts / 2).await;
+            let deadline = Instant::now() + BACK_WAIT;
+            loop {
+                let via = fleet.leader().await.unwrap_or(id);
+                match fleet.remove_spare(via).await {
+                    Ok(message) => {
+                        note += &step("remove", Ok(message));
+                        break;
+                    }
+                    Err(e) if Instant::now() > deadline => {
+                        note += &step("remove", Err(e));
+                        break;
+                    }
+                    Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+                }
+            }
+            vec![fleet.spare()]
+        }
+        Fault::Clock { forward, .. } => {
+            let offset_ms = if forward {
+                workload::CLOCK_SKEW_MS
+            } else {
+                -workload::CLOCK_SKEW_MS
+            };
+            let _ = fleet.set_faults(id, &[], false, offset_ms).await;
+            tokio::time::sleep(lasts).await;
+            let _ = fleet.set_faults(id, &[], false, 0).await;
+            vec![id]
+        }
+    };
+    applied.nodes = nodes;
+    applied.note = note;
+    applied.to_us = recorder.now_us();
+    applied
 }
 
 impl Outcomes {
@@ -267,15 +494,16 @@ impl Outcomes {
             self.dir.display()
         );
         let mut faults: BTreeMap<&str, usize> = BTreeMap::new();
-        for kind in ["partition", "pause", "kill", "lost"] {
+        for kind in schedule::KINDS {
             faults.insert(kind, 0);
         }
         let mut skipped = 0;
         for fault in &self.applied {
-            match fault.node {
-                Some(_) => *faults.entry(fault.planned.fault.kind()).or_default() += 1,
+            if fault.nodes.is_empty() {
                 // Its target was the leader, and no leader was agreed on at the time.
-                None => skipped += 1,
+                skipped += 1;
+            } else {
+                *faults.entry(fault.planned.fault.kind()).or_default() += 1;
             }
         }
         let _ = writeln!(
@@ -306,8 +534,11 @@ impl Outcomes {
             "linearizability",
             "duplicate without a commit",
             "committed claim lost",
+            "budget",
             "deadline",
             "reconciled after heal",
+            "recovery",
+            "convergence",
             "linearizability inconclusive",
         ] {
             by_checker.insert(checker, 0);
@@ -323,28 +554,35 @@ impl Outcomes {
             self.findings.inconclusive_keys.len(),
             self.findings.inconclusive_keys
         );
+        if let Some((index, replicas)) = self.findings.converged {
+            let _ = writeln!(
+                out,
+                "converged: {replicas} replicas at log index {index} with one state digest"
+            );
+        }
+        let _ = writeln!(out, "schedule:");
+        for fault in &self.applied {
+            let _ = writeln!(
+                out,
+                "  {:>8} µs .. {:>8} µs  nodes {:?}  {:?}  {}",
+                fault.from_us, fault.to_us, fault.nodes, fault.planned.fault, fault.note
+            );
+        }
         if !self.findings.anomalies.is_empty() {
             let _ = writeln!(
                 out,
-                "replay: ankusa-fleet nemesis --seed {} --duration-s {} --nodes {} --clients {} --deadline-slack-ms {}{}",
+                "replay: ankusa-fleet nemesis --seed {} --duration-s {} --nodes {} --clients {} --deadline-slack-ms {} --faults {}{}",
                 plan.seed,
                 plan.duration.as_secs(),
                 plan.nodes,
                 plan.clients_per_node,
                 plan.deadline_slack.as_millis(),
+                plan.kinds.join(","),
                 plan.planted_bug
                     .as_ref()
                     .map(|bug| format!(" --plant-bug {bug}"))
                     .unwrap_or_default()
             );
-            let _ = writeln!(out, "schedule:");
-            for fault in &self.applied {
-                let _ = writeln!(
-                    out,
-                    "  {:>8} µs .. {:>8} µs  node {:?}  {:?}",
-                    fault.from_us, fault.to_us, fault.node, fault.planned.fault
-                );
-            }
             for anomaly in &self.findings.anomalies {
                 let _ = writeln!(out, "anomaly ({}): {}", anomaly.checker, anomaly.detail);
                 for id in anomaly.ops.iter().take(200) {
@@ -371,7 +609,7 @@ impl Outcomes {
             self.history.len(),
             self.applied
                 .iter()
-                .filter(|fault| fault.node.is_some())
+                .filter(|fault| !fault.nodes.is_empty())
                 .count(),
             self.findings.anomalies.len()
         );

@@ -1,5 +1,6 @@
-//! The fault schedule, drawn from the seed alone: the same seed gives the same schedule
-//! (which node a fault lands on may depend on who leads at that moment).
+//! The fault schedule, drawn from the seed alone: the same seed (and the same choice of
+//! kinds) gives the same schedule; which node a fault lands on may depend on who leads at
+//! that moment.
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -16,27 +17,51 @@ pub enum Target {
 /// One kind of fault.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Fault {
-    /// Cut the target off from every peer: refused at once (`blackhole = false`) or never
-    /// answered.
-    Partition { target: Target, blackhole: bool },
+    /// Cut the target off from every peer, both ways: refused at once
+    /// (`blackhole = false`) or never answered.
+    Isolate { target: Target, blackhole: bool },
+    /// Cut the target's links one way only: the calls it makes to every peer
+    /// (`outgoing`), or the calls every peer makes to it.
+    OneWay {
+        target: Target,
+        blackhole: bool,
+        outgoing: bool,
+    },
+    /// Split the fleet in two: a minority of `(n - 1) / 2` nodes, with the leader in it or
+    /// not, cut off both ways from the majority.
+    Split { with_leader: bool, blackhole: bool },
     /// Delay every Raft message to and from the target.
     Delay { target: Target, delay_ms: u64 },
     /// SIGSTOP the target, longer than an election timeout.
     Pause { target: Target },
     /// kill -9 the target; it restarts when the fault ends.
     Kill { target: Target },
-    /// Hold the leader's log writer, then kill it: it loses what it never fsynced.
-    Lost,
+    /// Hold log writers, then kill: the leader alone (`followers = false`), or every
+    /// follower, with the leader cut off while they restart and elect one of their own.
+    /// What was never fsynced is lost.
+    Lost { followers: bool },
+    /// Add the spare node as a learner, promote it to voter halfway, remove it at the end.
+    Membership,
+    /// Set the target's wall clock forward or back by more than the pending TTL.
+    Clock { target: Target, forward: bool },
 }
+
+/// Every kind, as the report names them.
+pub const KINDS: [&str; 6] = ["partition", "pause", "kill", "lost", "membership", "clock"];
 
 impl Fault {
     /// The kind's name in the report.
     pub fn kind(&self) -> &'static str {
         match self {
-            Fault::Partition { .. } | Fault::Delay { .. } => "partition",
+            Fault::Isolate { .. }
+            | Fault::OneWay { .. }
+            | Fault::Split { .. }
+            | Fault::Delay { .. } => "partition",
             Fault::Pause { .. } => "pause",
             Fault::Kill { .. } => "kill",
-            Fault::Lost => "lost",
+            Fault::Lost { .. } => "lost",
+            Fault::Membership => "membership",
+            Fault::Clock { .. } => "clock",
         }
     }
 }
@@ -52,12 +77,15 @@ pub struct Planned {
 /// Nothing happens in the first and last seconds: the fleet starts, and ends healed.
 const QUIET_MS: u64 = 2_000;
 
-/// The schedule of a run of `duration_ms` for `seed`: faults one at a time, a healed gap
-/// between them.
-pub fn plan(seed: u64, duration_ms: u64) -> Vec<Planned> {
+/// The schedule of a run of `duration_ms` for `seed`, with faults of `kinds` only (names
+/// from [`KINDS`]): faults one at a time, a healed gap between them.
+pub fn plan(seed: u64, duration_ms: u64, kinds: &[&str]) -> Vec<Planned> {
     let mut rng = StdRng::seed_from_u64(seed);
     let mut schedule = Vec::new();
     let mut at_ms = QUIET_MS;
+    if kinds.is_empty() {
+        return schedule;
+    }
     let target = |rng: &mut StdRng| {
         if rng.gen_bool(0.5) {
             Target::Leader
@@ -66,22 +94,40 @@ pub fn plan(seed: u64, duration_ms: u64) -> Vec<Planned> {
         }
     };
     loop {
-        let fault = match rng.gen_range(0..5) {
-            0 => Fault::Partition {
-                target: target(&mut rng),
-                blackhole: rng.gen_bool(0.5),
+        let fault = match kinds[rng.gen_range(0..kinds.len())] {
+            "partition" => match rng.gen_range(0..4) {
+                0 => Fault::Isolate {
+                    target: target(&mut rng),
+                    blackhole: rng.gen_bool(0.5),
+                },
+                1 => Fault::OneWay {
+                    target: target(&mut rng),
+                    blackhole: rng.gen_bool(0.5),
+                    outgoing: rng.gen_bool(0.5),
+                },
+                2 => Fault::Split {
+                    with_leader: rng.gen_bool(0.5),
+                    blackhole: rng.gen_bool(0.5),
+                },
+                _ => Fault::Delay {
+                    target: target(&mut rng),
+                    delay_ms: rng.gen_range(20..=300),
+                },
             },
-            1 => Fault::Delay {
-                target: target(&mut rng),
-                delay_ms: rng.gen_range(20..=300),
-            },
-            2 => Fault::Pause {
+            "pause" => Fault::Pause {
                 target: target(&mut rng),
             },
-            3 => Fault::Kill {
+            "kill" => Fault::Kill {
                 target: target(&mut rng),
             },
-            _ => Fault::Lost,
+            "lost" => Fault::Lost {
+                followers: rng.gen_bool(0.5),
+            },
+            "membership" => Fault::Membership,
+            _ => Fault::Clock {
+                target: target(&mut rng),
+                forward: rng.gen_bool(0.5),
+            },
         };
         let for_ms = rng.gen_range(800..=3_000);
         if at_ms + for_ms + QUIET_MS > duration_ms {
@@ -103,17 +149,32 @@ mod tests {
 
     #[test]
     fn the_same_seed_gives_the_same_schedule_and_every_kind_comes_up() {
-        assert_eq!(plan(7, 60_000), plan(7, 60_000));
-        assert_ne!(plan(7, 60_000), plan(8, 60_000));
-        let long = plan(7, 600_000);
-        for kind in ["partition", "pause", "kill", "lost"] {
+        assert_eq!(plan(7, 60_000, &KINDS), plan(7, 60_000, &KINDS));
+        assert_ne!(plan(7, 60_000, &KINDS), plan(8, 60_000, &KINDS));
+        let long = plan(7, 600_000, &KINDS);
+        for kind in KINDS {
             assert!(
                 long.iter().any(|planned| planned.fault.kind() == kind),
                 "{kind} in {long:?}"
             );
         }
+        for variant in ["Isolate", "OneWay", "Split", "Delay"] {
+            assert!(
+                long.iter()
+                    .any(|planned| format!("{:?}", planned.fault).starts_with(variant)),
+                "{variant} in {long:?}"
+            );
+        }
         assert!(long
             .windows(2)
             .all(|pair| pair[0].at_ms + pair[0].for_ms < pair[1].at_ms));
+    }
+
+    #[test]
+    fn a_choice_of_kinds_gives_only_those() {
+        let lost = plan(3, 120_000, &["lost"]);
+        assert!(!lost.is_empty());
+        assert!(lost.iter().all(|planned| planned.fault.kind() == "lost"));
+        assert!(plan(3, 120_000, &[]).is_empty());
     }
 }

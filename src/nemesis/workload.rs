@@ -21,8 +21,18 @@ use crate::pb::fleet_client::FleetClient;
 /// The tenant and source of every checked claim.
 const TENANT: &str = "nemesis";
 const SOURCE: &str = "provider";
-/// Claims in the checked key space outlive any run (the checker's model has no clock).
-const CLAIM_TTL_MS: u64 = 3_600_000;
+/// Committed claims in the checked key space outlive any run, and any clock fault.
+const CLAIM_TTL_MS: u64 = 86_400_000;
+/// Pending claims outlive any run too, but not a clock set forward by [`CLOCK_SKEW_MS`]
+/// (the checkers' model lets a pending claim end only at such a jump).
+pub const PENDING_TTL_MS: u64 = 3_600_000;
+/// How far the `clock` fault sets a wall clock, forward or back: past the pending TTL.
+pub const CLOCK_SKEW_MS: i64 = 5_400_000;
+/// The charges' bucket: 10 at once, 10 per second.
+pub const BUCKET: crate::nemesis::check::budget::Bucket = crate::nemesis::check::budget::Bucket {
+    increment_us: 100_000,
+    capacity_us: 1_000_000,
+};
 /// How long a set of keys is fresh.
 pub const KEY_WINDOW_MS: u64 = 2_000;
 /// Keys fresh at once.
@@ -170,7 +180,7 @@ impl Client {
                 key: key.to_owned(),
                 hook_id: hook.to_owned(),
                 ttl_ms: CLAIM_TTL_MS,
-                pending_ttl_ms: CLAIM_TTL_MS,
+                pending_ttl_ms: PENDING_TTL_MS,
             }),
             timeout_ms: CALL_TIMEOUT_MS as u32,
             rate_limit_scope: pb::Scope::Fleet as i32,
@@ -258,8 +268,8 @@ impl Client {
             charges: vec![pb::Charge {
                 kind: pb::Kind::Hooks as i32,
                 tenant: tenant.to_owned(),
-                increment_us: 100_000,
-                capacity_us: 1_000_000,
+                increment_us: BUCKET.increment_us,
+                capacity_us: BUCKET.capacity_us,
             }],
             claim: None,
             timeout_ms: CALL_TIMEOUT_MS as u32,

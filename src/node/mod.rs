@@ -566,6 +566,14 @@ impl Node {
         }
     }
 
+    /// The log index this node's replica has applied, and a digest of its state there
+    /// (`FleetState::digest`): replicas at one index must have one digest.
+    pub fn state_digest(&self) -> (u64, u64) {
+        let applied = self.state.lock();
+        let index = applied.last_applied.map_or(0, |log_id| log_id.index);
+        (index, applied.state.digest())
+    }
+
     /// The fleet state replica, for reads that need no consensus (tests, status).
     pub fn replica(&self) -> &StateMachineStore {
         &self.state

@@ -4,17 +4,24 @@
 //! `fault_injection = true`; then set through the Admin `SetFaults` call.
 //!
 //! A partition between A and B is a rule on each side; isolating a node is a rule for every
-//! peer on that node alone (it covers both directions there).
+//! peer on that node alone (it covers both directions there). A rule may cover one
+//! direction only: calls this node makes to the peer (its answers included), or calls the
+//! peer makes to it. That is a one-way link.
 //!
 //! One rule is about the disk, not the network: holding the log writer keeps appended
 //! entries in memory, neither written nor fsynced, until the hold is lifted. A node killed
 //! meanwhile loses them, as it would in a power cut.
+//!
+//! Two more are about the node itself: an offset on its wall clock ([`crate::clock`]), and a
+//! known bug it plays for the nemesis's own tests (`config::PlantedBug`, set in the config,
+//! never through the Admin call).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Condvar, Mutex, RwLock};
 use std::time::Duration;
 
 use super::NodeId;
+use crate::config::PlantedBug;
 
 /// What happens to traffic with one peer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -27,11 +34,24 @@ pub enum Fault {
     Delay(Duration),
 }
 
+/// Which traffic with a peer a rule covers.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Direction {
+    /// Both ways.
+    #[default]
+    Both,
+    /// Only calls this node makes to the peer.
+    Outgoing,
+    /// Only calls the peer makes to this node.
+    Incoming,
+}
+
 /// The node's fault rules, shared by its peer client and peer service.
 #[derive(Clone, Default)]
 pub struct Faults {
     enabled: bool,
-    rules: Arc<RwLock<HashMap<NodeId, Fault>>>,
+    rules: Arc<RwLock<HashMap<NodeId, (Fault, Direction)>>>,
+    planted: Option<PlantedBug>,
     /// Whether the log writer is held, and how it learns the hold was lifted.
     log_hold: Arc<(Mutex<bool>, Condvar)>,
 }
@@ -42,15 +62,29 @@ impl Faults {
         Self {
             enabled,
             rules: Arc::default(),
+            planted: None,
             log_hold: Arc::default(),
         }
+    }
+
+    /// The same rules, with `bug` planted (it takes effect only with fault injection on).
+    pub fn planting(self, bug: Option<PlantedBug>) -> Self {
+        Self {
+            planted: bug,
+            ..self
+        }
+    }
+
+    /// The bug this node plays, if any (never without fault injection).
+    pub fn planted(&self) -> Option<PlantedBug> {
+        self.planted.filter(|_| self.enabled)
     }
 
     /// Replaces every rule; an empty map heals.
     ///
     /// # Errors
     /// When fault injection is not enabled in this node's config.
-    pub fn set(&self, rules: HashMap<NodeId, Fault>) -> Result<(), &'static str> {
+    pub fn set(&self, rules: HashMap<NodeId, (Fault, Direction)>) -> Result<(), &'static str> {
         if !self.enabled {
             return Err("fault injection is off (config key fault_injection)");
         }
@@ -60,13 +94,39 @@ impl Faults {
         Ok(())
     }
 
-    /// The rule for traffic with `peer`, if any.
-    pub fn get(&self, peer: NodeId) -> Option<Fault> {
+    /// The rule for calls this node makes to `peer`, if any.
+    pub fn outgoing(&self, peer: NodeId) -> Option<Fault> {
+        self.rule(peer, Direction::Outgoing)
+    }
+
+    /// The rule for calls `peer` makes to this node, if any.
+    pub fn incoming(&self, peer: NodeId) -> Option<Fault> {
+        self.rule(peer, Direction::Incoming)
+    }
+
+    fn rule(&self, peer: NodeId, direction: Direction) -> Option<Fault> {
         if !self.enabled {
             return None;
         }
         let rules = crate::lock::read(&self.rules);
-        rules.get(&peer).copied()
+        rules
+            .get(&peer)
+            .filter(|(_, covers)| *covers == Direction::Both || *covers == direction)
+            .map(|(fault, _)| *fault)
+    }
+
+    /// Sets this node's wall-clock offset ([`crate::clock::set_fault_offset_ms`]); 0 heals.
+    ///
+    /// # Errors
+    /// When fault injection is not enabled in this node's config.
+    pub fn set_clock_offset_ms(&self, offset_ms: i64) -> Result<(), &'static str> {
+        if !self.enabled {
+            return Err("fault injection is off (config key fault_injection)");
+        }
+        if crate::clock::set_fault_offset_ms(offset_ms) {
+            tracing::info!(offset_ms, "wall clock offset set");
+        }
+        Ok(())
     }
 
     /// Holds (`true`) or releases the log writer: while held, appends wait in memory.
@@ -92,5 +152,43 @@ impl Faults {
         let (held, changed) = &*self.log_hold;
         let guard = crate::lock::lock(held);
         let _released = crate::lock::wait_while(changed, guard, |held| *held);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A one-way rule covers only its direction; a both-ways rule covers both; nothing is
+    /// covered with fault injection off, and a planted bug shows only with it on.
+    #[test]
+    fn rules_cover_their_direction_only() {
+        let faults = Faults::new(true);
+        let rules = HashMap::from([
+            (2, (Fault::Drop, Direction::Outgoing)),
+            (3, (Fault::Blackhole, Direction::Incoming)),
+            (4, (Fault::Drop, Direction::Both)),
+        ]);
+        faults.set(rules).expect("fault injection is on");
+        assert_eq!(
+            (faults.outgoing(2), faults.incoming(2)),
+            (Some(Fault::Drop), None)
+        );
+        assert_eq!(
+            (faults.outgoing(3), faults.incoming(3)),
+            (None, Some(Fault::Blackhole))
+        );
+        assert_eq!(
+            (faults.outgoing(4), faults.incoming(4)),
+            (Some(Fault::Drop), Some(Fault::Drop))
+        );
+        assert_eq!((faults.outgoing(5), faults.incoming(5)), (None, None));
+
+        let off = Faults::new(false).planting(Some(PlantedBug::OwnClock));
+        assert!(off.set(HashMap::new()).is_err());
+        assert!(off.set_clock_offset_ms(1).is_err());
+        assert_eq!(off.planted(), None);
+        let on = Faults::new(true).planting(Some(PlantedBug::OwnClock));
+        assert_eq!(on.planted(), Some(PlantedBug::OwnClock));
     }
 }

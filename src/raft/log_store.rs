@@ -43,6 +43,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use crate::codec::{decode, encode, CodecError};
+use crate::config::PlantedBug;
 use crate::lock::lock;
 use crate::raft::faults::Faults;
 use crate::raft::{Entry, LogId, NodeId, StorageError, TypeConfig};
@@ -146,6 +147,9 @@ pub struct LogStore {
     vote: Arc<std::sync::Mutex<Option<Vote<NodeId>>>>,
     /// How far the WAL is fsynced; moved by the writer.
     mark: crate::raft::durability::DurableMark,
+    /// The planted bug `EarlyFollowerAck` (fault injection only): every append is reported
+    /// before its fsync, a follower's too.
+    early_follower_ack: bool,
 }
 
 /// Reads how many bytes of a node's log lie after an index (cheap to clone).
@@ -226,6 +230,7 @@ impl LogStore {
         let mark = crate::raft::durability::DurableMark::new(log_state(&disk)?.last_log_id);
         let disk = Arc::new(disk);
         let tail = Arc::new(std::sync::Mutex::new(writer::Tail::new(purged_upto)));
+        let early_follower_ack = faults.planted() == Some(PlantedBug::EarlyFollowerAck);
         let writer =
             writer::Writer::start(Arc::clone(&disk), Arc::clone(&tail), mark.clone(), faults)
                 .map_err(|source| LogStoreError::Writer { source })?;
@@ -237,6 +242,7 @@ impl LogStore {
             node_id,
             vote: Arc::default(),
             mark,
+            early_follower_ack,
         })
     }
 
@@ -267,7 +273,10 @@ impl LogStore {
     /// openraft saves a newer vote before it appends a new leader's entries, so a
     /// follower's entries, and a new leader's entries from older terms, never are.
     fn appended_as_leader(&self, entries: &[Entry]) -> bool {
-        crate::raft::durability::reports_early(*lock(&self.vote), self.node_id, entries)
+        // The planted bug (fault injection only) breaks the rule on purpose, for the
+        // nemesis to catch.
+        self.early_follower_ack
+            || crate::raft::durability::reports_early(*lock(&self.vote), self.node_id, entries)
     }
 
     /// Runs `work` on the writer thread, after every change queued before it.

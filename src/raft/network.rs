@@ -292,7 +292,7 @@ impl PeerClients {
         timeout: Duration,
     ) -> Result<Vec<u8>, PeerError> {
         let addr = raft_addr.to_owned();
-        match self.faults.get(target) {
+        match self.faults.outgoing(target) {
             Some(Fault::Drop) => {
                 let reason = "fault injection: dropped".to_owned();
                 return Err(PeerError::Unreachable { addr, reason });

@@ -150,7 +150,7 @@ impl PeerService {
     /// Applies any fault rule for the sender, then checks the cluster id. `None` means the
     /// call is black-holed: it is never answered.
     async fn admit(&self, cluster_id: &str, from_node_id: NodeId) -> Option<Result<(), Status>> {
-        match self.faults.get(from_node_id) {
+        match self.faults.incoming(from_node_id) {
             Some(Fault::Drop) => return Some(Err(Status::unavailable("fault injection: dropped"))),
             Some(Fault::Blackhole) => return None,
             Some(Fault::Delay(delay)) => tokio::time::sleep(delay).await,

@@ -11,6 +11,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use openraft::storage::RaftStateMachine;
 use openraft::{EntryPayload, StorageIOError};
 
+use crate::config::PlantedBug;
 use crate::raft::log_store::DurableLog;
 use crate::raft::snapshot::store::SnapshotStore;
 use crate::raft::snapshot::{self, SnapshotBody};
@@ -35,6 +36,9 @@ pub struct Applied {
 struct Inner {
     /// How far this node's log is fsynced: nothing is applied beyond it.
     durable: DurableLog,
+    /// The planted bug `OwnClock` (fault injection only): apply with this node's wall
+    /// clock instead of the leader's stamp.
+    own_clock: bool,
     applied: Mutex<Applied>,
     snapshots: SnapshotStore,
 }
@@ -53,7 +57,12 @@ impl StateMachineStore {
     /// When sled fails or the stored snapshot fails its checksum (a node must not serve from
     /// a state it cannot trust).
     /// Entries are applied only once `durable` says they are on this node's disk.
-    pub fn open(disk: &SledDisk, durable: DurableLog) -> Result<Self, StateStoreError> {
+    /// `planted` is a known bug to play (`raft::faults::Faults::planted`).
+    pub fn open(
+        disk: &SledDisk,
+        durable: DurableLog,
+        planted: Option<PlantedBug>,
+    ) -> Result<Self, StateStoreError> {
         let (snapshots, current) = SnapshotStore::open(disk)?;
         let mut applied = Applied::default();
         if let Some(stored) = current {
@@ -65,6 +74,7 @@ impl StateMachineStore {
         Ok(Self {
             inner: Arc::new(Inner {
                 durable,
+                own_clock: planted == Some(PlantedBug::OwnClock),
                 applied: Mutex::new(applied),
                 snapshots,
             }),
@@ -121,13 +131,16 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
             applied.last_applied = Some(entry.log_id);
             let response = match entry.payload {
                 EntryPayload::Blank => FleetResponse::default(),
-                EntryPayload::Normal(request) => FleetResponse {
-                    answers: rules::apply_batch(
-                        &mut applied.state,
-                        &request.commands,
-                        request.now_us,
-                    ),
-                },
+                EntryPayload::Normal(request) => {
+                    let now_us = if self.inner.own_clock {
+                        crate::clock::wall_clock_us()
+                    } else {
+                        request.now_us
+                    };
+                    FleetResponse {
+                        answers: rules::apply_batch(&mut applied.state, &request.commands, now_us),
+                    }
+                }
                 EntryPayload::Membership(membership) => {
                     applied.membership = StoredMembership::new(Some(entry.log_id), membership);
                     FleetResponse::default()
@@ -206,7 +219,7 @@ mod tests {
         let mut log = LogStore::open(&dir.path().join("raft-log.redb"), 1, Faults::new(false))
             .expect("open log");
         let disk = SledDisk::open(&dir.path().join("state.sled"), 1 << 20).expect("sled");
-        let mut state = StateMachineStore::open(&disk, log.durable()).expect("open state");
+        let mut state = StateMachineStore::open(&disk, log.durable(), None).expect("open state");
         let entry = Entry {
             log_id: LogId::new(openraft::CommittedLeaderId::new(1, 1), 1),
             payload: EntryPayload::Blank,

@@ -137,6 +137,29 @@ impl FleetState {
             .map(|(key, slot)| (&**key, &slot.value))
     }
 
+    /// A digest of the live state: its clock and every live bucket and claim. Each item's
+    /// hash is summed, so replicas that applied the same entries have the same digest
+    /// whatever order their maps hold the items in. It reads every item. The hasher is
+    /// std's with fixed keys: the same in every process of one build, not across builds.
+    pub fn digest(&self) -> u64 {
+        use std::hash::{DefaultHasher, Hash, Hasher};
+        fn hash_of(item: impl Hash) -> u64 {
+            let mut hasher = DefaultHasher::new();
+            item.hash(&mut hasher);
+            hasher.finish()
+        }
+        let clock_us = self.clock_us;
+        let buckets = self
+            .buckets
+            .iter()
+            .filter(|(_, slot)| slot.value > clock_us)
+            .map(|(bucket, slot)| hash_of(("bucket", &**bucket, slot.value)));
+        let claims = self.live_claims().map(|claim| hash_of(("claim", claim)));
+        buckets
+            .chain(claims)
+            .fold(hash_of(("clock", clock_us)), u64::wrapping_add)
+    }
+
     /// Number of stored buckets and claims (live or not yet swept).
     pub fn len(&self) -> (usize, usize) {
         (self.buckets.len(), self.claims.len())
@@ -415,6 +438,7 @@ fn sweep_one<K: Hash + Eq, V: Clone>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::state::model::{ClaimState, Kind};
 
     #[test]
     fn the_expiry_queue_pops_the_soonest_deadline_first_whatever_the_item() {
@@ -436,5 +460,54 @@ mod tests {
         let order: Vec<u64> =
             std::iter::from_fn(|| queue.pop().map(|due| due.deadline_us)).collect();
         assert_eq!(order, vec![10, 10, 20, 30]);
+    }
+
+    /// The digest follows the live content, not the order items came in, and expired items
+    /// do not count.
+    #[test]
+    fn the_digest_is_the_live_content_in_any_order() {
+        let bucket = |tenant: &str| BucketKey::Tenant {
+            kind: Kind::Hooks,
+            tenant: tenant.into(),
+        };
+        let claim = |key: &str, expires_at_us: u64| {
+            let key = ClaimKey {
+                tenant: "t".into(),
+                source_id: "s".into(),
+                key: key.into(),
+            };
+            let record = ClaimRecord {
+                hook_id: "h".into(),
+                node: 1,
+                state: ClaimState::Pending,
+                expires_at_us,
+                ttl_ms: 1_000,
+            };
+            (key, record)
+        };
+        let image = StateImage {
+            clock_us: 100,
+            buckets: vec![(bucket("a"), 200), (bucket("b"), 300)],
+            claims: vec![claim("x", 500), claim("y", 600)],
+        };
+        let mut reversed = image.clone();
+        reversed.buckets.reverse();
+        reversed.claims.reverse();
+        let digest = FleetState::from_image(image.clone()).digest();
+        assert_eq!(digest, FleetState::from_image(reversed).digest());
+
+        let mut expired_extra = image.clone();
+        expired_extra.claims.push(claim("z", 50));
+        assert_eq!(
+            digest,
+            FleetState::from_image(expired_extra).digest(),
+            "an expired claim is not content"
+        );
+        let mut changed = image.clone();
+        changed.buckets[0].1 = 201;
+        assert_ne!(digest, FleetState::from_image(changed).digest());
+        let mut later = image;
+        later.clock_us = 101;
+        assert_ne!(digest, FleetState::from_image(later).digest());
     }
 }

@@ -112,14 +112,14 @@ pub struct ClaimRequest {
 }
 
 /// The two phases of a claim.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum ClaimState {
     Pending,
     Committed,
 }
 
 /// A stored claim (contract §2).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct ClaimRecord {
     pub hook_id: HookId,
     pub node: NodeId,

@@ -27,9 +27,10 @@ impl Fleet {
                     peer_id: *peer_id,
                     kind: *kind as i32,
                     delay_ms: 0,
+                    ..Default::default()
                 })
                 .collect(),
-            hold_log_writes: false,
+            ..Default::default()
         };
         self.send_faults(id, request).await;
     }
@@ -41,6 +42,7 @@ impl Fleet {
             cluster_id: "ankusa-fleet".to_owned(),
             faults: Vec::new(),
             hold_log_writes: true,
+            ..Default::default()
         };
         self.send_faults(id, request).await;
     }

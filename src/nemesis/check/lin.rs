@@ -39,6 +39,9 @@ enum Effect {
     Release(Hook),
     /// A queued commit handed over late: it wins over another hook's pending claim (§7).
     ReconcileCommit(Hook),
+    /// The fleet's clock jumped past every pending claim's end (a leader's wall clock set
+    /// forward by more than the pending TTL): a pending claim is gone, nothing else is.
+    Expire,
 }
 
 /// The model's answer to one effect.
@@ -81,6 +84,8 @@ fn step(state: &Claim, effect: &Effect) -> (Said, Claim) {
             (Said::Recreated, Committed(*hook))
         }
         (Effect::ReconcileCommit(hook), _) => step(state, &Effect::Commit(*hook)),
+        (Effect::Expire, Pending(_)) => (Said::Settled, Free),
+        (Effect::Expire, Free | Committed(_)) => (Said::Settled, state.clone()),
     }
 }
 
@@ -110,9 +115,17 @@ impl Hooks {
     }
 }
 
+/// The `op` of a call that no operation made (a clock jump).
+const NO_OP: usize = usize::MAX;
+
 /// The calls of a history that touch claim keys, by key; queued settles must have taken
-/// effect by `settled_by_us`.
-fn calls_by_key(history: &[Op], settled_by_us: u64) -> HashMap<String, Vec<Call>> {
+/// effect by `settled_by_us`. Each of `jumps` (from, to) is a time in which the fleet's
+/// clock may have jumped past every pending claim.
+fn calls_by_key(
+    history: &[Op],
+    settled_by_us: u64,
+    jumps: &[(u64, u64)],
+) -> HashMap<String, Vec<Call>> {
     let mut by_key: HashMap<String, (Hooks, Vec<Call>)> = HashMap::new();
     for op in history {
         let key = match &op.request {
@@ -183,7 +196,22 @@ fn calls_by_key(history: &[Op], settled_by_us: u64) -> HashMap<String, Vec<Call>
     }
     by_key
         .into_iter()
-        .map(|(key, (_, calls))| (key, calls))
+        .map(|(key, (_, mut calls))| {
+            let first_us = calls.iter().map(|call| call.invoke_us).min();
+            for (from_us, to_us) in jumps {
+                if first_us.is_some_and(|first_us| first_us < *to_us) {
+                    calls.push(Call {
+                        op: NO_OP,
+                        invoke_us: *from_us,
+                        return_us: Some(*to_us),
+                        effects: vec![Effect::Expire],
+                        expected: None,
+                        optional: true,
+                    });
+                }
+            }
+            (key, calls)
+        })
         .collect()
 }
 
@@ -340,14 +368,19 @@ fn check_key(calls: &[Call]) -> Verdict {
 
 fn not_linearizable(calls: &[Call]) -> Verdict {
     Verdict::NotLinearizable {
-        ops: calls.iter().map(|call| call.op).collect(),
+        ops: calls
+            .iter()
+            .map(|call| call.op)
+            .filter(|op| *op != NO_OP)
+            .collect(),
     }
 }
 
 /// The verdict for every claim key of `history`, by key; queued settles must have taken
-/// effect by `settled_by_us`.
-pub fn check(history: &[Op], settled_by_us: u64) -> Vec<(String, Verdict)> {
-    let mut verdicts: Vec<(String, Verdict)> = calls_by_key(history, settled_by_us)
+/// effect by `settled_by_us`; in each of `jumps` (from, to) the fleet's clock may have
+/// jumped past every pending claim.
+pub fn check(history: &[Op], settled_by_us: u64, jumps: &[(u64, u64)]) -> Vec<(String, Verdict)> {
+    let mut verdicts: Vec<(String, Verdict)> = calls_by_key(history, settled_by_us, jumps)
         .into_iter()
         .map(|(key, calls)| {
             let verdict = check_key(&calls);
@@ -368,7 +401,7 @@ mod tests {
     }
 
     fn verdict(history: &[Op]) -> Verdict {
-        let verdicts = check(history, 1_000);
+        let verdicts = check(history, 1_000, &[]);
         assert_eq!(verdicts.len(), 1);
         verdicts[0].1.clone()
     }
@@ -505,6 +538,23 @@ mod tests {
             ),
         ];
         assert_eq!(verdict(&landed), Verdict::Linearizable);
+    }
+
+    /// A second hook allowed while the first one's claim is pending is explained only by a
+    /// clock jump between them, and only by one that could have come in between.
+    #[test]
+    fn a_pending_claim_ends_only_at_a_clock_jump() {
+        let history = [
+            op(0, claim("a"), (0, 10), fleet(Answer::Allowed)),
+            op(1, claim("b"), (100, 110), fleet(Answer::Allowed)),
+        ];
+        let verdict_with = |jumps: &[(u64, u64)]| check(&history, 1_000, jumps)[0].1.clone();
+        assert_eq!(verdict_with(&[(20, 50)]), Verdict::Linearizable);
+        assert!(matches!(
+            verdict_with(&[(200, 300)]),
+            Verdict::NotLinearizable { ops } if ops == vec![0, 1]
+        ));
+        assert!(matches!(verdict_with(&[]), Verdict::NotLinearizable { .. }));
     }
 
     /// The model itself, case by case (contract §5 and §6).

@@ -1,5 +1,6 @@
 //! The checkers a nemesis history goes through; each returns the anomalies it found.
 
+pub mod budget;
 pub mod claims;
 pub mod lin;
 
@@ -64,13 +65,33 @@ pub struct Findings {
     pub keys_checked: usize,
     /// How long the checkers took.
     pub checked_in: std::time::Duration,
+    /// The log index every replica reached with one state digest, and how many replicas.
+    pub converged: Option<(u64, usize)>,
 }
 
-/// Runs every checker over `history`; every queued settle must have reached the fleet by
-/// `settled_by_us` (the healed fleet had handed over every local decision then).
-pub fn all(history: &[Op], downtimes: &[Downtime], slack_us: u64, settled_by_us: u64) -> Findings {
+/// What the checkers need to know of a run besides its history.
+pub struct Run<'a> {
+    pub history: &'a [Op],
+    /// When nodes could not answer (the deadline checker spares them).
+    pub downtimes: &'a [Downtime],
+    /// What a call may take beyond its timeout.
+    pub slack_us: u64,
+    /// Every queued settle must have reached the fleet by then (the healed fleet had
+    /// handed over every local decision).
+    pub settled_by_us: u64,
+    /// (from, to): a wall clock was set forward by more than the pending TTL in between,
+    /// so the fleet's clock may have jumped past every pending claim, and every bucket.
+    pub jumps: &'a [(u64, u64)],
+    /// The charges' bucket, and how many voters share it in a fallback.
+    pub bucket: budget::Bucket,
+    pub voters: u64,
+}
+
+/// Runs every checker over the run's history.
+pub fn all(run: &Run<'_>) -> Findings {
+    let history = run.history;
     let mut findings = Findings::default();
-    for (key, verdict) in lin::check(history, settled_by_us) {
+    for (key, verdict) in lin::check(history, run.settled_by_us, run.jumps) {
         findings.keys_checked += 1;
         match verdict {
             lin::Verdict::Linearizable => {}
@@ -101,7 +122,10 @@ pub fn all(history: &[Op], downtimes: &[Downtime], slack_us: u64, settled_by_us:
         .extend(claims::committed_claims_lost(history));
     findings
         .anomalies
-        .extend(deadlines(history, downtimes, slack_us));
+        .extend(deadlines(history, run.downtimes, run.slack_us));
+    findings
+        .anomalies
+        .extend(budget::budgets(history, run.bucket, run.voters, run.jumps));
     findings
 }
 
