@@ -152,3 +152,22 @@ fn a_planted_early_follower_ack_is_reported_and_the_same_run_without_it_is_clean
     assert!(clean.success, "{}", clean.report);
     assert_eq!(clean.counts.2, 0, "{}", clean.report);
 }
+
+/// A node that answers a settle `queued` but never writes it down loses the commit when
+/// its own proposal dies with the partition: on a key only that node's clients use, the
+/// final probe finds no commit where the checker requires one. The same run without the
+/// bug is clean.
+#[test]
+fn a_planted_forgotten_queued_settle_is_reported_and_the_same_run_without_it_is_clean() {
+    let bugged = nemesis("5", "20", Some("partition"), Some("forget_queued_settle"));
+    assert!(!bugged.success, "{}", bugged.report);
+    assert!(
+        anomalies_of(&bugged.report, "linearizability") > 0,
+        "{}",
+        bugged.report
+    );
+
+    let clean = nemesis("5", "20", Some("partition"), None);
+    assert!(clean.success, "{}", clean.report);
+    assert_eq!(clean.counts.2, 0, "{}", clean.report);
+}

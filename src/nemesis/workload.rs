@@ -3,7 +3,8 @@
 //!
 //! Claims go to a small key space that moves on every [`KEY_WINDOW_MS`], so hooks on
 //! different nodes collide on the same keys while they are fresh: one takes the claim, the
-//! others see it pending, then duplicate once it commits, or free again once released. A
+//! others see it pending, then duplicate once it commits, or free again once released.
+//! Some keys belong to one node's clients only (see [`Client::run`]). A
 //! client that took a claim settles it (commit mostly, release sometimes), retrying with
 //! the same hook while the answer is unknown, as an edge would.
 
@@ -35,8 +36,11 @@ pub const BUCKET: crate::nemesis::check::budget::Bucket = crate::nemesis::check:
 };
 /// How long a set of keys is fresh.
 pub const KEY_WINDOW_MS: u64 = 2_000;
-/// Keys fresh at once.
+/// Keys fresh at once, shared by every node.
 const KEYS_PER_WINDOW: u64 = 4;
+/// The share of claims on a node's own keys, and how many of those are fresh at once.
+const PRIVATE_KEYS: f64 = 0.3;
+const PRIVATE_KEYS_PER_WINDOW: u64 = 2;
 /// Every call's deadline.
 pub const CALL_TIMEOUT_MS: u64 = 300;
 /// The hook of the final probes.
@@ -107,7 +111,15 @@ impl Client {
             let roll = rng.gen_range(0..100);
             if roll < 70 {
                 let window = recorder.now_us() / 1_000 / KEY_WINDOW_MS;
-                let key = format!("w{window}-k{}", rng.gen_range(0..KEYS_PER_WINDOW));
+                // Most keys are shared by every node's clients, so claims collide. Some are
+                // this node's own: a commit it queued while cut off meets no other hook's
+                // commit there, so if the queued settle were lost, the final probe shows it.
+                let key = if rng.gen_bool(PRIVATE_KEYS) {
+                    let k = rng.gen_range(0..PRIVATE_KEYS_PER_WINDOW);
+                    format!("n{}-w{window}-k{k}", self.node)
+                } else {
+                    format!("w{window}-k{}", rng.gen_range(0..KEYS_PER_WINDOW))
+                };
                 let hook = format!("c{}-{seq}", self.id);
                 let answer = self.claim(&mut client, &recorder, &key, &hook).await;
                 if answer == Some(Answer::Allowed) {

@@ -231,7 +231,7 @@ impl Node {
     }
 
     async fn decide_hit(&self, input: &HitInput) -> Result<Decided<HitAnswer>, NodeError> {
-        let deadline = Instant::now() + input.timeout;
+        let deadline = fleet_deadline(input.timeout, HIT_RESERVE_MAX);
         match route::route(input) {
             Route::NodeOnly => Ok(Decided::node_scope(
                 self.local.hit(&input.charges, input.claim.as_ref())?,
@@ -365,7 +365,7 @@ impl Node {
     /// # Errors
     /// When the fleet could not take it in time, or the local claim index failed.
     pub async fn settle(&self, input: SettleInput) -> Result<Decided<SettleAnswer>, NodeError> {
-        let deadline = Instant::now() + input.timeout;
+        let deadline = fleet_deadline(input.timeout, SETTLE_RESERVE_MAX);
         let command = Command::Settle {
             key: input.key.clone(),
             hook_id: input.hook_id.clone(),
@@ -536,7 +536,7 @@ impl Node {
     /// # Errors
     /// When the fleet could not answer in time.
     pub async fn check_rate(&self, input: CheckRateInput) -> Result<Decided<HitAnswer>, NodeError> {
-        let deadline = Instant::now() + input.timeout;
+        let deadline = fleet_deadline(input.timeout, HIT_RESERVE_MAX);
         let charges = vec![input.charge];
         match input.scope {
             Scope::Node => Ok(Decided::node_scope(self.local.hit(&charges, None)?)),
@@ -578,6 +578,27 @@ impl Node {
     pub fn replica(&self) -> &StateMachineStore {
         &self.state
     }
+}
+
+/// The most of a call's timeout kept for deciding alone once the fleet missed, so the
+/// answer still comes within the timeout (contract §7, docs/decisions/023): a queued
+/// settle fsyncs the claim journal and the settle queue; a hit or check_rate only
+/// computes. At most an eighth of the timeout is kept, so a short timeout stays mostly the
+/// fleet's.
+const SETTLE_RESERVE_MAX: std::time::Duration = std::time::Duration::from_millis(25);
+const HIT_RESERVE_MAX: std::time::Duration = std::time::Duration::from_millis(5);
+
+/// When the fleet's part of a call must be done: its timeout from now, less the reserve
+/// for a local answer (at most `reserve_max`, at most an eighth of the timeout).
+fn fleet_deadline(timeout: std::time::Duration, reserve_max: std::time::Duration) -> Instant {
+    Instant::now() + (timeout - local_reserve(timeout, reserve_max))
+}
+
+fn local_reserve(
+    timeout: std::time::Duration,
+    reserve_max: std::time::Duration,
+) -> std::time::Duration {
+    (timeout / 8).min(reserve_max)
 }
 
 /// A hit with one part in each scope is not a fleet-wide decision (contract §8): it says
@@ -644,6 +665,18 @@ fn mismatched(answer: &Answer) -> NodeError {
 mod tests {
     use super::*;
     use crate::state::ClaimKey;
+
+    /// The local reserve is an eighth of a short timeout and capped for a long one, so the
+    /// fleet keeps nearly all of a timeout (docs/decisions/023).
+    #[test]
+    fn the_local_reserve_is_an_eighth_of_the_timeout_at_most_its_cap() {
+        let ms = std::time::Duration::from_millis;
+        assert_eq!(local_reserve(ms(300), SETTLE_RESERVE_MAX), ms(25));
+        assert_eq!(local_reserve(ms(80), SETTLE_RESERVE_MAX), ms(10));
+        assert_eq!(local_reserve(ms(1_000), HIT_RESERVE_MAX), ms(5));
+        assert_eq!(local_reserve(ms(16), HIT_RESERVE_MAX), ms(2));
+        assert_eq!(local_reserve(ms(0), HIT_RESERVE_MAX), ms(0));
+    }
 
     /// Contract §8: one part in each scope says local, naming the node-scoped part, and then
     /// why the fleet part was local too, when it was.

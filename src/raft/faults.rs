@@ -115,7 +115,7 @@ impl Faults {
             .map(|(fault, _)| *fault)
     }
 
-    /// Sets this node's wall-clock offset ([`crate::clock::set_fault_offset_ms`]); 0 heals.
+    /// Sets this node's wall-clock offset (see [`crate::clock`]); 0 heals.
     ///
     /// # Errors
     /// When fault injection is not enabled in this node's config.
