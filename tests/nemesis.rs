@@ -10,8 +10,8 @@ use std::process::Command;
 /// and then (docs/reliability.md): here the deadline check only catches calls that hang.
 const CI_DEADLINE_SLACK_MS: &str = "1000";
 
-/// A seed whose first 30 s hold faults of every kind but `lost`, partitions among them,
-/// so nodes cut off queue settles.
+/// A seed whose first 30 s plan pauses, clock faults, lost writes, a split, a membership
+/// change and more lost writes, so nodes cut off queue settles.
 const SEED: &str = "27";
 
 struct Run {

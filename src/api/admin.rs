@@ -169,10 +169,16 @@ impl Admin for AdminService {
     ) -> Result<Response<ClusterStatusResponse>, Status> {
         self.same_cluster(&request.get_ref().cluster_id)?;
         let status = self.node.status();
-        let (digest_index, state_digest) = if request.get_ref().digest {
-            self.node.state_digest()
-        } else {
-            (0, 0)
+        // The digest reads every item under the state lock: a check for fault tests, not a
+        // call for anyone holding a fleet certificate to make at will.
+        let (digest_index, state_digest) = match (request.get_ref().digest, self.faults.enabled()) {
+            (false, _) => (0, 0),
+            (true, true) => self.node.state_digest(),
+            (true, false) => {
+                return Err(Status::failed_precondition(
+                    "digest: needs fault_injection = true in the node's config",
+                ))
+            }
         };
         Ok(Response::new(ClusterStatusResponse {
             state_digest,

@@ -198,9 +198,22 @@ impl Fleet {
             crate::cli::add(&self.admin_target(via), request),
         )
         .await
-        .context("AddMember timed out")??;
-        self.spare_member = true;
-        Ok(answer)
+        .context("AddMember timed out");
+        // An answer lost on the way does not mean the change was not made.
+        self.spare_member = self.spare_listed().await.unwrap_or(true);
+        answer?
+    }
+
+    /// Whether the leader lists the spare as a member (`None`: no leader answered).
+    async fn spare_listed(&self) -> Option<bool> {
+        let leader = self.any_leader().await?;
+        let status = self.status(leader).await?;
+        Some(
+            status
+                .members
+                .iter()
+                .any(|member| member.id == self.spare()),
+        )
     }
 
     /// Asks the fleet, through node `via`, to remove the spare; once removed, stops it and
@@ -215,7 +228,17 @@ impl Fleet {
             crate::cli::remove(&self.admin_target(via), spare),
         )
         .await
-        .context("RemoveMember timed out")??;
+        .context("RemoveMember timed out")
+        .and_then(|answer| answer);
+        // A removal whose answer was lost, or a spare that never joined, counts as
+        // removed once the leader no longer lists it.
+        let answer = match answer {
+            Ok(answer) => answer,
+            Err(e) => match self.spare_listed().await {
+                Some(false) => format!("not a member ({e:#})"),
+                _ => return Err(e),
+            },
+        };
         self.spare_member = false;
         self.kill(spare);
         let data_dir = self.nodes[&spare].data_dir.clone();

@@ -47,6 +47,8 @@ pub struct Applied {
     pub planned: Planned,
     pub nodes: Vec<u64>,
     pub note: String,
+    /// Whether a node it took led when it began or ended.
+    pub led: bool,
     pub from_us: u64,
     pub to_us: u64,
 }
@@ -67,8 +69,9 @@ const PROBE_CLIENT: usize = 1_000;
 const BACK_WAIT: Duration = Duration::from_secs(20);
 /// How long the healed fleet's replicas may take to apply the same log index.
 const CONVERGE_WAIT: Duration = Duration::from_secs(30);
-/// How long after a forward clock is set back the fleet's clock may still jump.
-const JUMP_MARGIN_US: u64 = 3_000_000;
+/// How long after a forward clock is set back the fleet's clock may still jump: the
+/// node still leads (no other fault is on), so its last stamped entry commits at once.
+const JUMP_MARGIN_US: u64 = 1_000_000;
 
 /// Runs the nemesis: a fleet, the workload and the schedule for `plan.duration`, then a
 /// heal and the checkers.
@@ -90,6 +93,12 @@ pub async fn run(plan: &Plan) -> anyhow::Result<Outcomes> {
         .unwrap_or_default();
     let mut fleet = Fleet::start(&exe, &dir, plan.nodes, &extra).await?;
     let kinds: Vec<&str> = plan.kinds.iter().map(String::as_str).collect();
+    if let Some(unknown) = kinds.iter().find(|kind| !schedule::KINDS.contains(kind)) {
+        anyhow::bail!(
+            "--faults: `{unknown}` is not a fault kind (one of {:?})",
+            schedule::KINDS
+        );
+    }
     let schedule = schedule::plan(plan.seed, plan.duration.as_millis() as u64, &kinds);
     let recorder = Recorder::new();
     let (stop, stopped) = watch::channel(false);
@@ -122,13 +131,14 @@ pub async fn run(plan: &Plan) -> anyhow::Result<Outcomes> {
     // and the probes go to whichever leader some node still names.
     let mut recovery = None;
     let leader = match fleet.wait_for_leader(BACK_WAIT).await {
-        Ok(leader) => leader,
+        Ok(leader) => Some(leader),
         Err(e) => {
             let named = fleet.any_leader().await;
             recovery = Some(format!(
-                "after the heal: {e:#}; some node names {named:?}; the nodes' logs say why"
+                "after the heal: {e:#}; some node names {named:?} (none: no final probes); \
+                 the nodes' logs say why"
             ));
-            named.context("after the heal no node names a leader")?
+            named
         }
     };
     let reconciled = fleet.wait_reconciled(RECONCILE_WAIT).await;
@@ -144,13 +154,15 @@ pub async fn run(plan: &Plan) -> anyhow::Result<Outcomes> {
         .collect();
     keys.sort();
     keys.dedup();
-    let prober = workload::Client {
-        id: PROBE_CLIENT,
-        node: leader,
-        api_addr: fleet.api_addr(leader).to_owned(),
-        seed: plan.seed,
-    };
-    prober.probe(&recorder, &keys).await;
+    if let Some(leader) = leader {
+        let prober = workload::Client {
+            id: PROBE_CLIENT,
+            node: leader,
+            api_addr: fleet.api_addr(leader).to_owned(),
+            seed: plan.seed,
+        };
+        prober.probe(&recorder, &keys).await;
+    }
     let history = recorder.history();
     let downtimes: Vec<Downtime> = applied
         .iter()
@@ -168,15 +180,35 @@ pub async fn run(plan: &Plan) -> anyhow::Result<Outcomes> {
             })
         })
         .collect();
-    // A forward clock may stamp entries until shortly after it is set back (a proposal
-    // stamped before, committed after): the jump may come that much later.
+    // The fleet's clock jumps only if the node whose clock ran ahead led meanwhile. The
+    // entry that makes it jump was stamped before the clock was set back, but may be
+    // applied a little after.
     let jumps: Vec<(u64, u64)> = applied
         .iter()
         .filter(|fault| {
-            !fault.nodes.is_empty()
-                && matches!(fault.planned.fault, Fault::Clock { forward: true, .. })
+            fault.led && matches!(fault.planned.fault, Fault::Clock { forward: true, .. })
         })
         .map(|fault| (fault.from_us, fault.to_us + JUMP_MARGIN_US))
+        .collect();
+    let refills: Vec<(u64, u64)> = applied
+        .iter()
+        .filter(|fault| fault.led && matches!(fault.planned.fault, Fault::Clock { .. }))
+        .map(|fault| (fault.from_us, fault.to_us + JUMP_MARGIN_US))
+        .collect();
+    let skewed: Vec<(u64, u64, u64)> = applied
+        .iter()
+        .filter(|fault| matches!(fault.planned.fault, Fault::Clock { .. }))
+        .flat_map(|fault| {
+            let to_us = fault.to_us + JUMP_MARGIN_US;
+            fault
+                .nodes
+                .iter()
+                .map(move |node| (*node, fault.from_us, to_us))
+        })
+        .collect();
+    let fault_spans: Vec<(u64, u64)> = applied
+        .iter()
+        .map(|fault| (fault.from_us, fault.to_us))
         .collect();
     let converged = fleet.wait_converged(CONVERGE_WAIT).await;
     let checking = Instant::now();
@@ -186,6 +218,9 @@ pub async fn run(plan: &Plan) -> anyhow::Result<Outcomes> {
         slack_us: plan.deadline_slack.as_micros() as u64,
         settled_by_us,
         jumps: &jumps,
+        refills: &refills,
+        skewed: &skewed,
+        faults: &fault_spans,
         bucket: workload::BUCKET,
         voters: plan.nodes,
     });
@@ -301,6 +336,7 @@ async fn inflict(fleet: &mut Fleet, recorder: &Recorder, planned: &Planned) -> A
         planned: *planned,
         nodes: Vec::new(),
         note: String::new(),
+        led: false,
         from_us,
         to_us: from_us,
     };
@@ -405,14 +441,18 @@ async fn inflict(fleet: &mut Fleet, recorder: &Recorder, planned: &Planned) -> A
             wait_back(fleet, id).await;
             vec![id]
         }
+        Fault::Lost { followers: true } if peers.is_empty() => Vec::new(),
         Fault::Lost { followers: true } => {
             // Every follower holds its writer: nothing it appends reaches its disk, so the
             // leader can commit nothing (it needs a follower's durable copy for a quorum).
             // Then the followers die, losing what they held, and elect a leader of
             // their own while the old one is cut off: had the leader counted an unsynced
             // copy, the new term would not have that entry.
+            let mut failed = Vec::new();
             for follower in &peers {
-                let _ = fleet.set_faults(*follower, &[], true, 0).await;
+                if fleet.set_faults(*follower, &[], true, 0).await.is_err() {
+                    failed.push(*follower);
+                }
             }
             tokio::time::sleep(lasts.min(Duration::from_millis(1_000))).await;
             let _ = fleet
@@ -425,7 +465,9 @@ async fn inflict(fleet: &mut Fleet, recorder: &Recorder, planned: &Planned) -> A
                 let _ = fleet.restart(*follower);
             }
             let elected = wait_for_leader_among(fleet, &peers).await;
-            note = format!("leader {id} cut off; the followers elected {elected:?}");
+            note = format!(
+                "leader {id} cut off; the followers elected {elected:?}; holds that failed: {failed:?}"
+            );
             tokio::time::sleep(lasts.saturating_sub(Duration::from_millis(1_000))).await;
             let _ = fleet.set_faults(id, &[], false, 0).await;
             // The followers were down; the leader was not (it answers alone meanwhile).
@@ -474,6 +516,10 @@ async fn inflict(fleet: &mut Fleet, recorder: &Recorder, planned: &Planned) -> A
             vec![id]
         }
     };
+    let leader_after = fleet.leader().await;
+    applied.led = [leader, leader_after]
+        .iter()
+        .any(|led| led.is_some_and(|led| nodes.contains(&led)));
     applied.nodes = nodes;
     applied.note = note;
     applied.to_us = recorder.now_us();

@@ -78,11 +78,17 @@ pub struct Planned {
 const QUIET_MS: u64 = 2_000;
 
 /// The schedule of a run of `duration_ms` for `seed`, with faults of `kinds` only (names
-/// from [`KINDS`]): faults one at a time, a healed gap between them.
+/// from [`KINDS`], others are ignored; the same kinds in the same order give the same
+/// schedule): faults one at a time, a healed gap between them.
 pub fn plan(seed: u64, duration_ms: u64, kinds: &[&str]) -> Vec<Planned> {
     let mut rng = StdRng::seed_from_u64(seed);
     let mut schedule = Vec::new();
     let mut at_ms = QUIET_MS;
+    let kinds: Vec<&str> = kinds
+        .iter()
+        .copied()
+        .filter(|kind| KINDS.contains(kind))
+        .collect();
     if kinds.is_empty() {
         return schedule;
     }
@@ -124,10 +130,12 @@ pub fn plan(seed: u64, duration_ms: u64, kinds: &[&str]) -> Vec<Planned> {
                 followers: rng.gen_bool(0.5),
             },
             "membership" => Fault::Membership,
-            _ => Fault::Clock {
+            "clock" => Fault::Clock {
                 target: target(&mut rng),
                 forward: rng.gen_bool(0.5),
             },
+            // Only names of KINDS are left (filtered above).
+            _ => continue,
         };
         let for_ms = rng.gen_range(800..=3_000);
         if at_ms + for_ms + QUIET_MS > duration_ms {
@@ -176,5 +184,6 @@ mod tests {
         assert!(!lost.is_empty());
         assert!(lost.iter().all(|planned| planned.fault.kind() == "lost"));
         assert!(plan(3, 120_000, &[]).is_empty());
+        assert!(plan(3, 120_000, &["typo"]).is_empty());
     }
 }

@@ -75,6 +75,11 @@ impl Faults {
         }
     }
 
+    /// Whether fault injection is on (`fault_injection = true`).
+    pub fn enabled(&self) -> bool {
+        self.enabled
+    }
+
     /// The bug this node plays, if any (never without fault injection).
     pub fn planted(&self) -> Option<PlantedBug> {
         self.planted.filter(|_| self.enabled)

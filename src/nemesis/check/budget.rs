@@ -2,14 +2,24 @@
 //! allowance grants (contract §4), counting the fleet's answers and, node by node, the
 //! answers a node decided alone (the fallback budget, contract §7).
 //!
-//! A bucket of capacity `C` and increment `I` admits at most `C / I` charges at once and
-//! one more per `I` after that: in a stretch `[a, b]`, at most `C / I + (b - a) / I + 1`
-//! (the `+ 1` for where the stretch's ends fall). The checker counts the allowed charges
-//! that surely took effect inside a stretch (invoked at or after `a`, returned by `b`) and
-//! compares, over every stretch that starts at a charge's invocation and ends at a charge's
-//! return. A stretch a reset may have touched proves nothing (the bucket was emptied) and
-//! is skipped. A clock jump inside it (a wall clock set forward) refills the bucket once,
-//! so it adds one `C / I`.
+//! A GCRA bucket of capacity `C` and increment `I` admits `n` charges in a stretch `[a, b]`
+//! only if `n · I ≤ C + (b − a)`: each charge moves its TAT on by `I`, and the TAT may lead
+//! the clock by at most `C`. The checker allows `⌊(C + (b − a)) / I⌋ + 1` (the `+ 1` is a
+//! margin for clock granularity). It counts the allowed charges that surely took effect
+//! inside a stretch (invoked at or after `a`, returned by `b`) and compares, over every
+//! stretch that starts at a charge's invocation and ends at a charge's return.
+//!
+//! A stretch a reset may have touched proves nothing (the bucket was emptied) and is
+//! skipped. For the fleet's bucket that is any reset of the tenant: an answered one between
+//! its invocation and return, an unknown one until a few seconds after the fault it met
+//! ended (its proposal may commit late, never after the healed fleet settles). A node's
+//! own buckets are emptied only by a reset sent to that node (it clears them before it
+//! proposes) and by a restart (they live in memory).
+//!
+//! A leader's clock set off refills a bucket once: set forward, the fleet's clock jumps at
+//! once; set back, the leader's stamps stand still (the clock never goes back) and jump
+//! when its clock is set right again. Either way the bucket gains at most `C` it had not
+//! earned, so each such refill inside a stretch adds one `C`.
 
 use std::collections::BTreeMap;
 
@@ -25,16 +35,35 @@ pub struct Bucket {
 
 /// Charges allowed on one bucket by one decider, as (invoke, return, op id).
 type Allowed = Vec<(u64, u64, usize)>;
+/// A tenant's bucket as one decider sees it: the fleet's (`None`) or a node's own.
+type Decider = (String, Option<u64>);
 
-/// Every stretch of `allowed` over its allowance (the first one found per bucket and
-/// decider). `burst` is what the bucket admits at once; `resets` (from, to) and `jumps`
-/// (from, to) are as in the module docs.
+/// How long after the fault it met an unknown reset may still take effect in the fleet.
+const LATE_RESET_US: u64 = 5_000_000;
+
+/// What the budget checker needs besides the history.
+pub struct Budgets<'a> {
+    pub bucket: Bucket,
+    /// Voters sharing the bucket in a fallback (the fewest there were: the largest share).
+    pub voters: u64,
+    /// (from, to): a leader's wall clock was set off in between, forward or back.
+    pub refills: &'a [(u64, u64)],
+    /// (node, from, to): that node's wall clock was set off in between. Its own buckets
+    /// run on it, leader or not.
+    pub skewed: &'a [(u64, u64, u64)],
+    /// (from, to) of every fault, and (node, from, to) of every node down or restarting.
+    pub faults: &'a [(u64, u64)],
+    pub downtimes: &'a [(u64, u64, u64)],
+}
+
+/// The first stretch of `allowed` over its allowance, if any: `capacity` is the bucket's
+/// `C`; `resets` (from, to) and `refills` (from, to) are as in the module docs.
 fn over_allowance(
     allowed: &Allowed,
-    bucket: Bucket,
-    burst: u64,
+    increment_us: u64,
+    capacity_us: u64,
     resets: &[(u64, u64)],
-    jumps: &[(u64, u64)],
+    refills: &[(u64, u64)],
 ) -> Option<(u64, u64, Vec<usize>)> {
     let mut by_return = allowed.clone();
     by_return.sort_by_key(|(_, return_us, _)| *return_us);
@@ -55,8 +84,8 @@ fn over_allowance(
                 break;
             }
             inside.push(*op);
-            let allowance =
-                burst * (1 + overlaps(jumps, *a, b)) + (b - a) / bucket.increment_us + 1;
+            let fills = 1 + overlaps(refills, *a, b);
+            let allowance = (capacity_us * fills + (b - a)) / increment_us + 1;
             if inside.len() as u64 > allowance {
                 return Some((*a, b, inside));
             }
@@ -67,11 +96,19 @@ fn over_allowance(
 
 /// The budget anomalies of `history`: the fleet's answers per tenant against the whole
 /// bucket, and each node's own answers against its fallback share (`capacity / voters`,
-/// never below one increment). `jumps` are the times a wall clock was set forward.
-pub fn budgets(history: &[Op], bucket: Bucket, voters: u64, jumps: &[(u64, u64)]) -> Vec<Anomaly> {
+/// never below one increment).
+pub fn budgets(history: &[Op], run: &Budgets<'_>) -> Vec<Anomaly> {
     // (tenant, decider: None for the fleet, Some(node) for a node alone) -> allowed.
-    let mut allowed: BTreeMap<(String, Option<u64>), Allowed> = BTreeMap::new();
-    let mut resets: BTreeMap<String, Vec<(u64, u64)>> = BTreeMap::new();
+    let mut allowed: BTreeMap<Decider, Allowed> = BTreeMap::new();
+    let mut resets: BTreeMap<Decider, Vec<(u64, u64)>> = BTreeMap::new();
+    let fault_end = |at_us: u64| {
+        run.faults
+            .iter()
+            .filter(|(from, to)| *from <= at_us && at_us <= *to)
+            .map(|(_, to)| *to)
+            .max()
+            .unwrap_or(at_us)
+    };
     for op in history {
         match (&op.request, &op.outcome) {
             (Request::Charge { tenant }, Outcome::Answered(Answer::Allowed, decided)) => {
@@ -87,26 +124,54 @@ pub fn budgets(history: &[Op], bucket: Bucket, voters: u64, jumps: &[(u64, u64)]
             }
             (Request::Reset { .. }, Outcome::NotSent(_)) => {}
             (Request::Reset { tenant }, outcome) => {
-                // An unknown reset may take effect at any time after its invocation.
+                // The node clears its own buckets before it proposes: within the call.
+                resets
+                    .entry((tenant.clone(), Some(op.node)))
+                    .or_default()
+                    .push((op.invoke_us, op.return_us));
                 let to_us = match outcome {
                     Outcome::Answered(..) => op.return_us,
-                    _ => u64::MAX,
+                    _ => fault_end(op.return_us).max(op.return_us) + LATE_RESET_US,
                 };
                 resets
-                    .entry(tenant.clone())
+                    .entry((tenant.clone(), None))
                     .or_default()
                     .push((op.invoke_us, to_us));
             }
             _ => {}
         }
     }
-    let whole = bucket.capacity_us / bucket.increment_us;
-    let share = (bucket.capacity_us / voters.max(1)).max(bucket.increment_us) / bucket.increment_us;
+    let share_us = (run.bucket.capacity_us / run.voters.max(1)).max(run.bucket.increment_us);
     let mut anomalies = Vec::new();
     for ((tenant, decider), charges) in &allowed {
-        let burst = if decider.is_some() { share } else { whole };
-        let tenant_resets = resets.get(tenant).map_or(&[][..], Vec::as_slice);
-        if let Some((a, b, ops)) = over_allowance(charges, bucket, burst, tenant_resets, jumps) {
+        let mut emptied = resets
+            .get(&(tenant.clone(), *decider))
+            .cloned()
+            .unwrap_or_default();
+        let mut refills = run.refills.to_vec();
+        let capacity_us = match decider {
+            None => run.bucket.capacity_us,
+            Some(node) => {
+                refills.extend(
+                    run.skewed
+                        .iter()
+                        .filter(|(skewed, _, _)| skewed == node)
+                        .map(|(_, from, to)| (*from, *to)),
+                );
+                // A restart empties a node's own buckets too.
+                emptied.extend(
+                    run.downtimes
+                        .iter()
+                        .filter(|(down, _, _)| down == node)
+                        .map(|(_, from, to)| (*from, *to)),
+                );
+                share_us
+            }
+        };
+        let increment_us = run.bucket.increment_us;
+        if let Some((a, b, ops)) =
+            over_allowance(charges, increment_us, capacity_us, &emptied, &refills)
+        {
             let who = match decider {
                 None => "the fleet".to_owned(),
                 Some(node) => format!("node {node} alone"),
@@ -115,9 +180,9 @@ pub fn budgets(history: &[Op], bucket: Bucket, voters: u64, jumps: &[(u64, u64)]
                 checker: "budget",
                 detail: format!(
                     "tenant {tenant}: {who} allowed {} charges between {a} µs and {b} µs, \
-                     more than a bucket of {burst} at once and one per {} µs admits",
+                     more than a bucket of {capacity_us} µs capacity and {increment_us} µs \
+                     per charge admits",
                     ops.len(),
-                    bucket.increment_us
                 ),
                 ops,
             });
@@ -135,6 +200,17 @@ mod tests {
         capacity_us: 1_000_000,
     };
 
+    fn quiet() -> Budgets<'static> {
+        Budgets {
+            bucket: BUCKET,
+            voters: 3,
+            refills: &[],
+            skewed: &[],
+            faults: &[],
+            downtimes: &[],
+        }
+    }
+
     fn charge(id: usize, at_us: u64, decided: Decided) -> Op {
         Op {
             id,
@@ -149,7 +225,7 @@ mod tests {
     }
 
     /// Eleven charges in 10 ms: the fleet's bucket admits ten at once, plus one for the
-    /// stretch's ends; a twelfth is over. A reset between them, or a clock jump, explains it.
+    /// stretch's ends; a twelfth is over. A reset between them, or a clock set off, explains it.
     #[test]
     fn a_burst_over_the_capacity_is_caught_unless_a_reset_or_jump_explains_it() {
         let burst = |count: usize, decided: Decided| -> Vec<Op> {
@@ -157,11 +233,15 @@ mod tests {
                 .map(|i| charge(i, i as u64 * 1_000, decided))
                 .collect()
         };
-        assert!(budgets(&burst(11, Decided::Fleet), BUCKET, 3, &[]).is_empty());
-        let over = budgets(&burst(12, Decided::Fleet), BUCKET, 3, &[]);
+        assert!(budgets(&burst(11, Decided::Fleet), &quiet()).is_empty());
+        let over = budgets(&burst(12, Decided::Fleet), &quiet());
         assert_eq!(over.len(), 1, "{over:?}");
         assert_eq!(over[0].checker, "budget");
-        assert!(budgets(&burst(12, Decided::Fleet), BUCKET, 3, &[(5_000, 6_000)]).is_empty());
+        let jumped = Budgets {
+            refills: &[(5_000, 6_000)],
+            ..quiet()
+        };
+        assert!(budgets(&burst(12, Decided::Fleet), &jumped).is_empty());
 
         let mut with_reset = burst(12, Decided::Fleet);
         with_reset.push(Op {
@@ -170,11 +250,46 @@ mod tests {
             outcome: Outcome::Answered(Answer::Reset, Decided::Fleet),
             ..charge(99, 5_500, Decided::Fleet)
         });
-        assert!(budgets(&with_reset, BUCKET, 3, &[]).is_empty());
+        assert!(budgets(&with_reset, &quiet()).is_empty());
 
         // A node alone has a third of the capacity with 3 voters: 3 at once, plus one.
-        assert!(budgets(&burst(4, Decided::Local), BUCKET, 3, &[]).is_empty());
-        assert_eq!(budgets(&burst(5, Decided::Local), BUCKET, 3, &[]).len(), 1);
+        assert!(budgets(&burst(4, Decided::Local), &quiet()).is_empty());
+        assert_eq!(budgets(&burst(5, Decided::Local), &quiet()).len(), 1);
+        // A restart of that node empties its buckets; another node's does not.
+        let restarted = |node: u64| Budgets {
+            downtimes: if node == 1 {
+                &[(1, 2_000, 2_500)]
+            } else {
+                &[(2, 2_000, 2_500)]
+            },
+            ..quiet()
+        };
+        assert!(budgets(&burst(5, Decided::Local), &restarted(1)).is_empty());
+        assert_eq!(budgets(&burst(5, Decided::Local), &restarted(2)).len(), 1);
+    }
+
+    /// An unknown reset may take effect until a while after the fault it met, not forever.
+    #[test]
+    fn an_unknown_reset_excuses_only_the_time_around_its_fault() {
+        let mut history: Vec<Op> = (0..12)
+            .map(|i| charge(i, 60_000_000 + i as u64 * 1_000, Decided::Fleet))
+            .collect();
+        history.push(Op {
+            id: 99,
+            request: Request::Reset { tenant: "t".into() },
+            outcome: Outcome::Unknown("no answer".into()),
+            ..charge(99, 1_000_000, Decided::Fleet)
+        });
+        let faulted = Budgets {
+            faults: &[(500_000, 3_000_000)],
+            ..quiet()
+        };
+        assert_eq!(budgets(&history, &faulted).len(), 1, "long after the fault");
+        let longer = Budgets {
+            faults: &[(500_000, 58_000_000)],
+            ..quiet()
+        };
+        assert!(budgets(&history, &longer).is_empty(), "within its fault");
     }
 
     /// Charges at the bucket's rate never go over, however long the run.
@@ -183,7 +298,7 @@ mod tests {
         let steady: Vec<Op> = (0..200)
             .map(|i| charge(i, 1_000_000 + i as u64 * 100_000, Decided::Fleet))
             .collect();
-        assert!(budgets(&steady, BUCKET, 3, &[]).is_empty());
+        assert!(budgets(&steady, &quiet()).is_empty());
         let mut twice = steady.clone();
         twice.extend((0..200).map(|i| {
             charge(
@@ -192,6 +307,6 @@ mod tests {
                 Decided::Fleet,
             )
         }));
-        assert_eq!(budgets(&twice, BUCKET, 3, &[]).len(), 1, "twice the rate");
+        assert_eq!(budgets(&twice, &quiet()).len(), 1, "twice the rate");
     }
 }

@@ -5,7 +5,10 @@
 //!
 //! The model is written here from the contract (§5 and §6), not taken from
 //! `state::rules`: a bug copied into both would pass. Claims in the checked key space never
-//! expire within a run (their TTLs are longer), so the model has no clock.
+//! expire within a run (their TTLs are longer), so the model has no clock. The one way a
+//! claim ends early is a clock jump (a leader's wall clock set forward past the pending
+//! TTL), which the caller names: an optional `Expire` in the jump's time ends whatever
+//! claim is pending then.
 //!
 //! A call whose outcome is unknown (an error, no answer in time) may have taken effect at
 //! any time after its invocation, or never. So may a claim a node answered alone: the
@@ -555,6 +558,16 @@ mod tests {
             Verdict::NotLinearizable { ops } if ops == vec![0, 1]
         ));
         assert!(matches!(verdict_with(&[]), Verdict::NotLinearizable { .. }));
+
+        // A claim made after the jump does not end at it.
+        let later = [
+            op(0, claim("a"), (100, 110), fleet(Answer::Allowed)),
+            op(1, claim("b"), (200, 210), fleet(Answer::Allowed)),
+        ];
+        assert!(matches!(
+            check(&later, 1_000, &[(20, 50)])[0].1,
+            Verdict::NotLinearizable { .. }
+        ));
     }
 
     /// The model itself, case by case (contract §5 and §6).

@@ -79,9 +79,16 @@ pub struct Run<'a> {
     /// Every queued settle must have reached the fleet by then (the healed fleet had
     /// handed over every local decision).
     pub settled_by_us: u64,
-    /// (from, to): a wall clock was set forward by more than the pending TTL in between,
-    /// so the fleet's clock may have jumped past every pending claim, and every bucket.
+    /// (from, to): a leader's wall clock was set forward by more than the pending TTL in
+    /// between, so the fleet's clock may have jumped past every pending claim.
     pub jumps: &'a [(u64, u64)],
+    /// (from, to): a leader's wall clock was set off in between, forward or back, so a
+    /// bucket may have refilled once (see `budget`).
+    pub refills: &'a [(u64, u64)],
+    /// (node, from, to): that node's wall clock was set off in between.
+    pub skewed: &'a [(u64, u64, u64)],
+    /// (from, to) of every fault.
+    pub faults: &'a [(u64, u64)],
     /// The charges' bucket, and how many voters share it in a fallback.
     pub bucket: budget::Bucket,
     pub voters: u64,
@@ -123,9 +130,22 @@ pub fn all(run: &Run<'_>) -> Findings {
     findings
         .anomalies
         .extend(deadlines(history, run.downtimes, run.slack_us));
-    findings
-        .anomalies
-        .extend(budget::budgets(history, run.bucket, run.voters, run.jumps));
+    let downtimes: Vec<(u64, u64, u64)> = run
+        .downtimes
+        .iter()
+        .map(|down| (down.node, down.from_us, down.to_us))
+        .collect();
+    findings.anomalies.extend(budget::budgets(
+        history,
+        &budget::Budgets {
+            bucket: run.bucket,
+            voters: run.voters,
+            refills: run.refills,
+            skewed: run.skewed,
+            faults: run.faults,
+            downtimes: &downtimes,
+        },
+    ));
     findings
 }
 
