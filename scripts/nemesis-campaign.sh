@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # A nemesis campaign: seeds FIRST..LAST, each for DURATION seconds on NODES nodes, with the
-# release build; one summary line per run (the nemesis's own last line and its exit code)
-# and, for a failing seed, its whole report under OUT.
+# release build; one line per run (the nemesis's summary line, its exit code, its faults
+# and anomalies by kind) and, for a failing seed, its whole report under OUT.
+# `python3 scripts/nemesis-summary.py` totals those lines.
 #   bash scripts/nemesis-campaign.sh FIRST LAST DURATION NODES [OUT] [SLACK_MS]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -16,6 +17,8 @@ for seed in $(seq "$first" "$last"); do
     else
         status=$?
     fi
-    echo "$(date -u +%FT%TZ) exit $status $(tail -n 1 "$report") | $(grep '^faults:' "$report" || true)"
+    faults=$(grep '^faults:' "$report" || true)
+    anomalies=$(grep '^anomalies:' "$report" | sed 's/ (.*//' || true)
+    echo "$(date -u +%FT%TZ) exit $status $(tail -n 1 "$report") | $faults | $anomalies"
     if [ "$status" = 0 ]; then rm -f "$report"; fi
 done

@@ -253,13 +253,16 @@ pub async fn dev(data_root: &Path) -> anyhow::Result<()> {
             .spawn()
             .context("starting a node")?;
         children.0.push(child);
-        api_addrs.push(config.api_addr.to_string());
+        api_addrs.push((config.api_addr.to_string(), config.metrics_addr));
     }
+    let (api_addrs, metrics_addrs): (Vec<String>, Vec<_>) = api_addrs.into_iter().unzip();
     let leader = wait_for_leader(&api_addrs).await?;
     println!("ankusa-fleet: 3 nodes up (peer traffic over mutual TLS), leader is node {leader}");
-    for (n, addr) in api_addrs.iter().enumerate() {
+    for (n, (addr, metrics)) in api_addrs.iter().zip(&metrics_addrs).enumerate() {
+        let metrics =
+            metrics.map_or_else(|| "off".to_owned(), |addr| format!("http://{addr}/metrics"));
         println!(
-            "  node {}  api {addr}  log {}",
+            "  node {}  api {addr}  metrics {metrics}  log {}",
             n + 1,
             data_root.join(format!("node{}.log", n + 1)).display()
         );

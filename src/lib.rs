@@ -48,6 +48,7 @@ pub mod raft;
 pub mod server;
 pub mod state;
 pub mod storage;
+pub mod telemetry;
 pub mod tls;
 
 #[cfg(test)]

@@ -2,10 +2,9 @@
 
 use std::path::PathBuf;
 
-use anyhow::Context;
 use clap::{Parser, Subcommand};
 
-use ankusa_fleet::config::NodeConfig;
+use ankusa_fleet::config::{LogFormat, NodeConfig};
 use ankusa_fleet::pb::internal::AddMemberRequest;
 use ankusa_fleet::{bench, cli, server};
 
@@ -106,14 +105,19 @@ enum ClusterCmd {
     },
 }
 
-fn init_telemetry() {
+/// Log lines to stderr, filtered by RUST_LOG (default `info,openraft=warn`): text, or one
+/// JSON object per line.
+fn init_telemetry(format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,openraft=warn"));
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
-    tracing_subscriber::fmt()
+    let logs = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_ansi(ansi)
-        .init();
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => logs.with_ansi(ansi).init(),
+        LogFormat::Json => logs.json().init(),
+    }
 }
 
 /// Turns transparent huge pages off for this process (as Redis asks of its hosts): mimalloc
@@ -135,13 +139,11 @@ fn disable_transparent_huge_pages() {
 fn disable_transparent_huge_pages() {}
 
 async fn serve(path: PathBuf) -> anyhow::Result<()> {
-    disable_transparent_huge_pages();
     let config = NodeConfig::load(&path)?;
+    init_telemetry(config.log_format);
+    disable_transparent_huge_pages();
     if let Some(addr) = config.metrics_addr {
-        metrics_exporter_prometheus::PrometheusBuilder::new()
-            .with_http_listener(addr)
-            .install()
-            .context("starting the metrics exporter")?;
+        ankusa_fleet::telemetry::serve_metrics(addr)?;
     }
     let listeners = server::Listeners::bind(&config).await?;
     let running = server::start(config, listeners).await?;
@@ -171,10 +173,7 @@ async fn serve(path: PathBuf) -> anyhow::Result<()> {
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     match args.command {
-        Cmd::Serve { config } => {
-            init_telemetry();
-            serve(config).await
-        }
+        Cmd::Serve { config } => serve(config).await,
         Cmd::Dev { data_dir } => cli::dev(&data_dir).await,
         Cmd::Bench(plan) => {
             let summary = bench::run(plan).await?;

@@ -276,8 +276,9 @@ pub async fn start(config: NodeConfig, listeners: Listeners) -> Result<RunningNo
     let (stop, stopped) = watch::channel(false);
     let gate = DrainGate::default();
     let (health, health_service) = tonic_health::server::health_reporter();
+    // Until the node knows a leader (see `follow_raft`).
     health
-        .set_serving::<pb::fleet_server::FleetServer<FleetService>>()
+        .set_not_serving::<pb::fleet_server::FleetServer<FleetService>>()
         .await;
     let admin = AdminService::new(
         node.clone(),
@@ -313,6 +314,13 @@ pub async fn start(config: NodeConfig, listeners: Listeners) -> Result<RunningNo
                 logs_since_last: config.snapshot_logs_since_last,
                 log_percent: config.snapshot_log_percent,
             },
+            stopped.clone(),
+        )),
+        tokio::spawn(follow_raft(
+            raft.clone(),
+            config.node_id,
+            health.clone(),
+            gate.clone(),
             stopped.clone(),
         )),
         tokio::spawn(reconcile::run(node.clone(), stopped)),
@@ -458,6 +466,51 @@ async fn serve(
         .await;
     if let Err(e) = served {
         tracing::error!(error = %e, server, "server stopped");
+    }
+}
+
+/// Follows openraft's metrics while the node runs: the Raft gauges (`raft::gauges`), and
+/// the health of `ankusa.fleet.v1.Fleet`, `SERVING` only while this node knows a leader and
+/// is not draining, so a load balancer can prefer nodes in touch with the fleet. The
+/// overall health ("") stays `SERVING` until the drain: the node can always answer its
+/// edge, from its own state if it must.
+async fn follow_raft(
+    raft: Raft,
+    node_id: crate::raft::NodeId,
+    health: tonic_health::server::HealthReporter,
+    gate: DrainGate,
+    mut stopped: watch::Receiver<bool>,
+) {
+    type Fleet = pb::fleet_server::FleetServer<FleetService>;
+    let mut metrics = raft.metrics();
+    let mut serving = None;
+    loop {
+        let leader_known = {
+            let now = metrics.borrow_and_update();
+            crate::raft::gauges::export(&now, node_id);
+            now.current_leader.is_some()
+        };
+        let serve = leader_known && !gate.is_draining();
+        if serving != Some(serve) {
+            if serve {
+                health.set_serving::<Fleet>().await;
+                // A drain that began meanwhile has the last word.
+                if gate.is_draining() {
+                    health.set_not_serving::<Fleet>().await;
+                }
+            } else {
+                health.set_not_serving::<Fleet>().await;
+            }
+            serving = Some(serve);
+        }
+        tokio::select! {
+            changed = metrics.changed() => {
+                if changed.is_err() {
+                    return;
+                }
+            }
+            _ = stopped.changed() => return,
+        }
     }
 }
 

@@ -80,6 +80,64 @@ fn settle_response(decided: Decided<SettleAnswer>) -> pb::SettleResponse {
     }
 }
 
+/// Who decided an answer, as the metrics label it (`none`: the call failed).
+fn decider_label(decided_by: Option<&DecidedBy>) -> &'static str {
+    match decided_by {
+        Some(DecidedBy::Fleet) => "fleet",
+        Some(DecidedBy::Local { .. }) => "local",
+        None => "none",
+    }
+}
+
+fn hit_outcome_label(answer: &HitAnswer) -> &'static str {
+    match answer {
+        HitAnswer::Allowed => "allowed",
+        HitAnswer::Duplicate { .. } => "duplicate",
+        HitAnswer::Pending { .. } => "pending",
+        HitAnswer::RateLimited { .. } => "rate_limited",
+    }
+}
+
+fn settle_outcome_label(answer: &SettleAnswer) -> &'static str {
+    match answer {
+        SettleAnswer::Settled => "settled",
+        SettleAnswer::Recreated => "recreated",
+        SettleAnswer::Conflict { .. } => "conflict",
+        SettleAnswer::Queued => "queued",
+    }
+}
+
+/// A failed call's outcome label: its gRPC code (`invalid_argument`, `unavailable`, ...).
+fn error_label(status: &Status) -> &'static str {
+    match status.code() {
+        tonic::Code::InvalidArgument => "invalid_argument",
+        tonic::Code::Unavailable => "unavailable",
+        tonic::Code::ResourceExhausted => "resource_exhausted",
+        tonic::Code::DeadlineExceeded => "deadline_exceeded",
+        tonic::Code::OutOfRange => "out_of_range",
+        _ => "error",
+    }
+}
+
+/// Records how long a call took, in `ankusa_call_seconds{call}`.
+fn record_latency(call: &'static str, started: Instant) {
+    metrics::histogram!("ankusa_call_seconds", "call" => call)
+        .record(started.elapsed().as_secs_f64());
+}
+
+/// Counts one hit in `ankusa_hits_total{outcome, decided_by}`.
+fn count_hit(outcome: &Result<Decided<HitAnswer>, Status>) {
+    let (outcome, decided_by) = match outcome {
+        Ok(decided) => (
+            hit_outcome_label(&decided.answer),
+            decider_label(Some(&decided.decided_by)),
+        ),
+        Err(status) => (error_label(status), decider_label(None)),
+    };
+    metrics::counter!("ankusa_hits_total", "outcome" => outcome, "decided_by" => decided_by)
+        .increment(1);
+}
+
 /// Emits contract §11's telemetry event and counts it.
 fn check_rate_telemetry(
     request: &pb::CheckRateRequest,
@@ -104,7 +162,9 @@ fn check_rate_telemetry(
         elapsed_us,
         "check_rate"
     );
-    metrics::counter!("ankusa_check_rate_total", "event" => event).increment(1);
+    let decided_by = decider_label(outcome.as_ref().ok().map(|decided| &decided.decided_by));
+    metrics::counter!("ankusa_check_rate_total", "event" => event, "outcome" => decision, "decided_by" => decided_by)
+        .increment(1);
 }
 
 /// Requests one `HitStream` works on at once; replies still leave in request order. A closed
@@ -120,8 +180,14 @@ async fn answer_hit(
     defaults: RequestDefaults,
     request: &pb::HitRequest,
 ) -> Result<pb::HitResponse, Status> {
-    let input = validate::hit(request, defaults).map_err(invalid)?;
-    let decided = node.hit(input).await.map_err(status_of)?;
+    let started = Instant::now();
+    let decided = match validate::hit(request, defaults) {
+        Ok(input) => node.hit(input).await.map_err(status_of),
+        Err(e) => Err(invalid(e)),
+    };
+    count_hit(&decided);
+    record_latency("hit", started);
+    let decided = decided?;
     tracing::debug!(answer = ?decided.answer, decided_by = ?decided.decided_by, "hit");
     Ok(hit_response(decided))
 }
@@ -226,9 +292,22 @@ impl pb::fleet_server::Fleet for FleetService {
         request: Request<pb::SettleRequest>,
     ) -> Result<Response<pb::SettleResponse>, Status> {
         let _call = self.gate.enter()?;
-        let input = validate::settle(request.get_ref(), self.defaults).map_err(invalid)?;
-        let decided = self.node.settle(input).await.map_err(status_of)?;
-        Ok(Response::new(settle_response(decided)))
+        let started = Instant::now();
+        let decided = match validate::settle(request.get_ref(), self.defaults) {
+            Ok(input) => self.node.settle(input).await.map_err(status_of),
+            Err(e) => Err(invalid(e)),
+        };
+        let (outcome, decided_by) = match &decided {
+            Ok(decided) => (
+                settle_outcome_label(&decided.answer),
+                decider_label(Some(&decided.decided_by)),
+            ),
+            Err(status) => (error_label(status), decider_label(None)),
+        };
+        metrics::counter!("ankusa_settles_total", "outcome" => outcome, "decided_by" => decided_by)
+            .increment(1);
+        record_latency("settle", started);
+        Ok(Response::new(settle_response(decided?)))
     }
 
     async fn reset(
@@ -236,8 +315,21 @@ impl pb::fleet_server::Fleet for FleetService {
         request: Request<pb::ResetRequest>,
     ) -> Result<Response<pb::ResetResponse>, Status> {
         let _call = self.gate.enter()?;
-        let input = validate::reset(request.get_ref(), self.defaults).map_err(invalid)?;
-        self.node.reset(input).await.map_err(status_of)?;
+        let started = Instant::now();
+        let done = match validate::reset(request.get_ref(), self.defaults) {
+            Ok(input) => self.node.reset(input).await.map_err(status_of),
+            Err(e) => Err(invalid(e)),
+        };
+        let outcome = match &done {
+            Ok(()) => "reset",
+            Err(status) => error_label(status),
+        };
+        // A reset is decided by the fleet or not at all.
+        let decided_by = if done.is_ok() { "fleet" } else { "none" };
+        metrics::counter!("ankusa_resets_total", "outcome" => outcome, "decided_by" => decided_by)
+            .increment(1);
+        record_latency("reset", started);
+        done?;
         Ok(Response::new(pb::ResetResponse {}))
     }
 
@@ -253,6 +345,7 @@ impl pb::fleet_server::Fleet for FleetService {
         };
         let elapsed_us = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
         check_rate_telemetry(request.get_ref(), &outcome, elapsed_us);
+        record_latency("check_rate", started);
         let decided = outcome?;
         let retry_after_ms = match decided.answer {
             HitAnswer::RateLimited { retry_after_ms } => retry_after_ms,

@@ -52,6 +52,8 @@ pub struct ConfigFile {
     /// Log entries kept behind a snapshot, so a briefly lagging follower needs no snapshot.
     pub snapshot_logs_kept: Option<u64>,
     pub metrics_addr: Option<String>,
+    /// `text` (the default) or `json`: one JSON object per line.
+    pub log_format: Option<LogFormat>,
     /// Local fallback charges: `fair_share` (capacity / voters) or `full` (whole capacity).
     pub fallback_budget: Option<FallbackBudget>,
     /// Lets the Admin `SetFaults` call drop, black-hole or delay Raft traffic. For fault
@@ -105,6 +107,17 @@ pub enum FallbackBudget {
     /// The whole capacity on each cut-off node (the seed's node scope): up to one extra
     /// budget per cut-off node.
     Full,
+}
+
+/// How the node writes its log lines (`log_format`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LogFormat {
+    /// Human-readable lines.
+    #[default]
+    Text,
+    /// One JSON object per line (tracing-subscriber's JSON output).
+    Json,
 }
 
 /// A known bug a node can be told to have (`planted_bug`), for the nemesis's own tests:
@@ -213,6 +226,7 @@ pub struct NodeConfig {
     pub snapshot_log_percent: u64,
     pub snapshot_logs_kept: u64,
     pub metrics_addr: Option<SocketAddr>,
+    pub log_format: LogFormat,
     pub fallback_budget: FallbackBudget,
     pub fault_injection: bool,
     pub planted_bug: Option<PlantedBug>,
@@ -403,6 +417,7 @@ impl NodeConfig {
                 .as_deref()
                 .map(|a| parse_addr("metrics_addr", a))
                 .transpose()?,
+            log_format: file.log_format.unwrap_or_default(),
         })
     }
 
@@ -497,6 +512,27 @@ raft_addr = "127.0.0.1:7201"
         assert_eq!(config.voters_max, Defaults::VOTERS_MAX);
         assert_eq!(config.timeout_default, Duration::from_millis(1_000));
         assert!(config.is_initial_member());
+    }
+
+    /// `log_format` is text unless it says json; anything else is refused by name.
+    #[test]
+    fn log_format_is_text_or_json() {
+        assert_eq!(
+            NodeConfig::from_toml(MINIMAL).expect("valid").log_format,
+            LogFormat::Text
+        );
+        let with = |value: &str| {
+            MINIMAL.replace(
+                "data_dir = \"data/node1\"\n",
+                &format!("data_dir = \"data/node1\"\nlog_format = {value}\n"),
+            )
+        };
+        let json = NodeConfig::from_toml(&with("\"json\"")).expect("valid");
+        assert_eq!(json.log_format, LogFormat::Json);
+        let err = NodeConfig::from_toml(&with("\"xml\""))
+            .expect_err("refused")
+            .to_string();
+        assert!(err.contains("log_format"), "{err}");
     }
 
     #[test]

@@ -13,6 +13,7 @@ use crate::state::{FleetRequest, FleetResponse};
 
 pub mod durability;
 pub mod faults;
+pub mod gauges;
 pub mod log_store;
 pub mod network;
 pub mod service;

@@ -1,0 +1,34 @@
+"""Totals the lines of scripts/nemesis-campaign.sh: runs, failing runs, operations, faults
+by kind and anomalies by checker.
+
+    python3 scripts/nemesis-summary.py campaign.log [more.log ...]
+"""
+
+import collections
+import json
+import re
+import sys
+
+runs = failed = ops = 0
+faults = collections.Counter()
+anomalies = collections.Counter()
+skipped = 0
+for path in sys.argv[1:]:
+    with open(path, encoding="utf-8") as lines:
+        for line in lines:
+            summary = re.search(r"nemesis seed \d+: (\d+) ops, (\d+) faults, (\d+) anomalies", line)
+            if not summary:
+                continue
+            runs += 1
+            ops += int(summary.group(1))
+            failed += int(summary.group(3)) > 0
+            kinds = re.search(r"faults: (\{[^}]*\}) \((\d+) skipped", line)
+            if kinds:
+                faults.update(json.loads(kinds.group(1)))
+                skipped += int(kinds.group(2))
+            found = re.search(r"anomalies: (\{[^}]*\})", line)
+            if found:
+                anomalies.update(json.loads(found.group(1)))
+print(f"runs {runs}, failing {failed}, ops {ops}")
+print(f"faults {sum(faults.values())} {dict(sorted(faults.items()))}, skipped {skipped}")
+print(f"anomalies {sum(anomalies.values())} {dict(sorted(anomalies.items()))}")

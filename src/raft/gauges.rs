@@ -1,0 +1,73 @@
+//! The Raft gauges, set from openraft's metrics each time they change: term, leader,
+//! indexes, membership size and, on the leader, how far each peer lags
+//! (docs/operations.md lists them).
+
+use std::collections::BTreeMap;
+
+use super::{MemberNode, NodeId};
+
+/// openraft's metrics of one node.
+pub type Metrics = openraft::RaftMetrics<NodeId, MemberNode>;
+
+/// The index a majority of `voters` hold, given what each one matched: the commit index as
+/// the leader counts it.
+fn quorum_index(voters: &[NodeId], matched: &BTreeMap<NodeId, u64>) -> u64 {
+    let mut held: Vec<u64> = voters
+        .iter()
+        .map(|voter| matched.get(voter).copied().unwrap_or(0))
+        .collect();
+    held.sort_unstable_by(|a, b| b.cmp(a));
+    held.get(voters.len() / 2).copied().unwrap_or(0)
+}
+
+/// Sets every gauge from `metrics`, for node `node_id`. The commit index is the leader's
+/// count (what a majority of voters hold); a follower shows its applied index there, since
+/// openraft does not report a follower's commit index.
+pub fn export(metrics: &Metrics, node_id: NodeId) {
+    let is_leader = metrics.current_leader == Some(node_id);
+    let applied = metrics.last_applied.map_or(0, |log_id| log_id.index);
+    let last_log = metrics.last_log_index.unwrap_or(0);
+    let membership = metrics.membership_config.membership();
+    let voters: Vec<NodeId> = membership.voter_ids().collect();
+    let learners = membership.learner_ids().count();
+    metrics::gauge!("ankusa_raft_term").set(metrics.current_term as f64);
+    metrics::gauge!("ankusa_raft_leader_id").set(metrics.current_leader.unwrap_or(0) as f64);
+    metrics::gauge!("ankusa_raft_is_leader").set(if is_leader { 1.0 } else { 0.0 });
+    metrics::gauge!("ankusa_raft_applied_index").set(applied as f64);
+    metrics::gauge!("ankusa_raft_last_log_index").set(last_log as f64);
+    metrics::gauge!("ankusa_raft_voters").set(voters.len() as f64);
+    metrics::gauge!("ankusa_raft_learners").set(learners as f64);
+    let mut commit = applied;
+    if let (true, Some(replication)) = (is_leader, &metrics.replication) {
+        let mut matched: BTreeMap<NodeId, u64> = replication
+            .iter()
+            .map(|(peer, log_id)| (*peer, log_id.map_or(0, |log_id| log_id.index)))
+            .collect();
+        for (peer, index) in &matched {
+            if *peer != node_id {
+                metrics::gauge!("ankusa_raft_replication_lag_entries", "peer" => peer.to_string())
+                    .set(last_log.saturating_sub(*index) as f64);
+            }
+        }
+        matched.insert(node_id, last_log);
+        commit = quorum_index(&voters, &matched).max(applied);
+    }
+    metrics::gauge!("ankusa_raft_commit_index").set(commit as f64);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The commit index is what a majority holds: with 3 voters the second highest, with 4
+    /// the second highest too (3 of 4), and a voter nobody heard from holds nothing.
+    #[test]
+    fn the_quorum_index_is_what_a_majority_holds() {
+        let matched = BTreeMap::from([(1, 10), (2, 7), (3, 3)]);
+        assert_eq!(quorum_index(&[1, 2, 3], &matched), 7);
+        let four = BTreeMap::from([(1, 10), (2, 9), (3, 7), (4, 1)]);
+        assert_eq!(quorum_index(&[1, 2, 3, 4], &four), 7);
+        assert_eq!(quorum_index(&[1, 2, 3], &BTreeMap::from([(1, 5)])), 0);
+        assert_eq!(quorum_index(&[1], &BTreeMap::from([(1, 5)])), 5);
+    }
+}
