@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The one check: format, lints, docs, then every test. CI runs exactly this (.ci/run).
-# Needs only cargo: protoc is vendored by build.rs, everything else comes from crates.io.
+# Needs cargo (protoc is vendored by build.rs, everything else comes from crates.io), and
+# python3 with pip for the Python edge example that tests/python_edge.rs runs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -10,6 +11,10 @@ echo "== cargo clippy --all-targets -- -D warnings"
 cargo clippy --all-targets --locked -- -D warnings
 echo "== cargo doc (warnings are errors)"
 RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --locked --quiet
+echo "== python3 -m pip install -r examples/python/requirements.txt"
+# Pinned grpcio and grpcio-tools; a no-op once they are installed.
+python3 -m pip install --quiet --disable-pip-version-check --root-user-action=ignore \
+    -r examples/python/requirements.txt
 echo "== cargo test"
 # Cluster tests start real node processes; two at a time keeps a 2-core machine responsive.
 cargo test --all-targets --locked -- --test-threads 2
