@@ -59,6 +59,9 @@ mod decode_fuzz;
 pub mod pb {
     tonic::include_proto!("ankusa.fleet.v1");
 
+    /// The edge API's file descriptors, for gRPC reflection.
+    pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("fleet_descriptor");
+
     /// Node-to-node and administration services.
     pub mod internal {
         tonic::include_proto!("ankusa.fleet.internal.v1");

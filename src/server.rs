@@ -73,6 +73,8 @@ pub enum StartError {
     Raft(String),
     #[error("{0}")]
     Tls(#[from] crate::tls::TlsError),
+    #[error("grpc reflection: {0}")]
+    Reflection(String),
 }
 
 /// The two listening sockets of a node (bound before start, so tests can use port 0).
@@ -442,7 +444,11 @@ fn serve_api(
         limits::API_STREAMS_PER_CONNECTION_MAX,
         limits::API_CALLS_PER_CONNECTION_MAX,
     )?;
-    let router = builder.add_service(health).add_service(fleet);
+    let router = builder
+        .add_service(health)
+        .add_service(fleet)
+        .add_service(reflection::v1()?)
+        .add_service(reflection::v1alpha()?);
     let connections = ConnectionLimits {
         connections_max: limits::API_CONNECTIONS_MAX,
         // The edge is on this host: every connection comes from one address.
@@ -450,6 +456,41 @@ fn serve_api(
         idle_timeout: limits::API_IDLE_TIMEOUT,
     };
     Ok(serve(router, listener, connections, stopped, "api"))
+}
+
+/// gRPC reflection on `api_addr`, so grpcurl and other reflection clients need no proto
+/// files: the edge API and health, in both versions of the reflection protocol clients use.
+mod reflection {
+    use super::StartError;
+    use crate::pb;
+
+    fn builder() -> tonic_reflection::server::Builder<'static> {
+        tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+    }
+
+    fn failed(e: tonic_reflection::server::Error) -> StartError {
+        StartError::Reflection(e.to_string())
+    }
+
+    pub(super) fn v1() -> Result<
+        tonic_reflection::pb::v1::server_reflection_server::ServerReflectionServer<
+            impl tonic_reflection::pb::v1::server_reflection_server::ServerReflection,
+        >,
+        StartError,
+    > {
+        builder().build_v1().map_err(failed)
+    }
+
+    pub(super) fn v1alpha() -> Result<
+        tonic_reflection::pb::v1alpha::server_reflection_server::ServerReflectionServer<
+            impl tonic_reflection::pb::v1alpha::server_reflection_server::ServerReflection,
+        >,
+        StartError,
+    > {
+        builder().build_v1alpha().map_err(failed)
+    }
 }
 
 /// Serves `router` on the connections `listener` accepts within `connections`, until

@@ -164,3 +164,70 @@ async fn fleet_health_follows_the_leader_while_the_node_stays_serving() {
     fleet.heal(follower).await;
     wait_health(fleet_service, ServingStatus::Serving).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reflection_lists_the_edge_services_and_describes_hit() {
+    use tonic_reflection::pb::v1::server_reflection_client::ServerReflectionClient;
+    use tonic_reflection::pb::v1::server_reflection_request::MessageRequest;
+    use tonic_reflection::pb::v1::server_reflection_response::MessageResponse;
+    use tonic_reflection::pb::v1::ServerReflectionRequest;
+
+    init_tracing();
+    let fleet = Fleet::start(3, "").await;
+    fleet.wait_for_leader(&[1, 2, 3]).await;
+    let channel = tonic::transport::Channel::from_shared(format!("http://{}", fleet.api_addr(1)))
+        .expect("uri")
+        .connect()
+        .await
+        .expect("connect");
+    let mut client = ServerReflectionClient::new(channel);
+    let ask = |request: MessageRequest| ServerReflectionRequest {
+        host: String::new(),
+        message_request: Some(request),
+    };
+    let requests = vec![
+        ask(MessageRequest::ListServices(String::new())),
+        ask(MessageRequest::FileContainingSymbol(
+            "ankusa.fleet.v1.Fleet".to_owned(),
+        )),
+    ];
+    let mut answers = client
+        .server_reflection_info(tokio_stream::iter(requests))
+        .await
+        .expect("reflection answers")
+        .into_inner();
+    let listed = match answers
+        .message()
+        .await
+        .expect("a reply")
+        .map(|r| r.message_response)
+    {
+        Some(Some(MessageResponse::ListServicesResponse(list))) => list,
+        other => panic!("not a service list: {other:?}"),
+    };
+    let names: Vec<String> = listed.service.into_iter().map(|s| s.name).collect();
+    for expected in ["ankusa.fleet.v1.Fleet", "grpc.health.v1.Health"] {
+        assert!(
+            names.iter().any(|name| name == expected),
+            "{expected} in {names:?}"
+        );
+    }
+    assert!(
+        !names.iter().any(|name| name.contains("internal")),
+        "the peer and admin services are not on api_addr: {names:?}"
+    );
+    match answers
+        .message()
+        .await
+        .expect("a reply")
+        .map(|r| r.message_response)
+    {
+        Some(Some(MessageResponse::FileDescriptorResponse(files))) => {
+            assert!(
+                !files.file_descriptor_proto.is_empty(),
+                "no descriptor for Fleet"
+            );
+        }
+        other => panic!("no file descriptor for ankusa.fleet.v1.Fleet: {other:?}"),
+    }
+}
