@@ -39,6 +39,7 @@ pub mod clock;
 pub mod codec;
 pub mod config;
 pub mod contract;
+pub mod envoy;
 pub mod limits;
 pub mod local;
 pub mod lock;

@@ -19,6 +19,7 @@ use crate::api::drain::DrainGate;
 use crate::api::validate::RequestDefaults;
 use crate::api::FleetService;
 use crate::config::NodeConfig;
+use crate::envoy::EnvoyService;
 use crate::limits;
 use crate::local::reconcile;
 use crate::local::Fallback;
@@ -37,6 +38,7 @@ use crate::raft::{MemberNode, Raft};
 use crate::storage::sled_disk::SledDisk;
 use crate::storage::unless_panic;
 use crate::tls::{ApiTls, PeerTls};
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer;
 /// sled's page cache (default 1 GiB): it holds the latest snapshot and the node-scope and
 /// fallback claim indexes, all read rarely; the live state is in memory already.
 const SLED_CACHE_BYTES: u64 = 64 * 1024 * 1024;
@@ -75,6 +77,8 @@ pub enum StartError {
     Tls(#[from] crate::tls::TlsError),
     #[error("grpc reflection: {0}")]
     Reflection(String),
+    #[error("{0}")]
+    RateLimits(#[from] crate::envoy::limits::LimitsError),
 }
 
 /// The two listening sockets of a node (bound before start, so tests can use port 0).
@@ -211,6 +215,20 @@ pub async fn start(config: NodeConfig, listeners: Listeners) -> Result<RunningNo
     if peer_tls.is_none() && config.insecure_peer_traffic {
         tracing::warn!(raft_addr = %config.raft_addr, "insecure_peer_traffic = true: Raft traffic is plaintext and unauthenticated; anyone who reaches raft_addr can rewrite this node's log");
     }
+    // The limits file is checked before anything touches the data dir.
+    let envoy_limits = Arc::new(match &config.rate_limits_file {
+        Some(path) => {
+            let limits = crate::envoy::limits::Limits::load(path)?;
+            tracing::info!(path = %path.display(), domains = limits.domains(), "Envoy rate limits loaded");
+            limits
+        }
+        None => {
+            tracing::info!(
+                "no rate_limits_file: Envoy's ShouldRateLimit answers OK to every descriptor"
+            );
+            crate::envoy::limits::Limits::default()
+        }
+    });
     open_dir(&config.data_dir)?;
     let faults = Faults::new(config.fault_injection).planting(config.planted_bug);
     let log_store = LogStore::open(
@@ -303,6 +321,12 @@ pub async fn start(config: NodeConfig, listeners: Listeners) -> Result<RunningNo
         )?),
         tokio::spawn(serve_api(
             FleetService::new(node.clone(), request_defaults(&config), gate.clone()),
+            EnvoyService::new(
+                node.clone(),
+                envoy_limits,
+                config.timeout_default,
+                gate.clone(),
+            ),
             health_service,
             api_tls.as_ref(),
             listeners.api,
@@ -321,6 +345,8 @@ pub async fn start(config: NodeConfig, listeners: Listeners) -> Result<RunningNo
         tokio::spawn(follow_raft(
             raft.clone(),
             config.node_id,
+            // A leader that heard from no quorum for two election timeouts is cut off.
+            Duration::from_millis(2 * config.election_timeout_ms_max),
             health.clone(),
             gate.clone(),
             stopped.clone(),
@@ -430,6 +456,7 @@ fn serve_peers(
 /// `api_addr`: `Fleet` and health for the edge, TLS only under `[api_tls]`.
 fn serve_api(
     fleet: FleetService,
+    envoy: EnvoyService,
     health: tonic_health::pb::health_server::HealthServer<
         impl tonic_health::pb::health_server::Health,
     >,
@@ -444,9 +471,12 @@ fn serve_api(
         limits::API_STREAMS_PER_CONNECTION_MAX,
         limits::API_CALLS_PER_CONNECTION_MAX,
     )?;
+    let envoy =
+        RateLimitServiceServer::new(envoy).max_decoding_message_size(limits::API_MESSAGE_BYTES_MAX);
     let router = builder
         .add_service(health)
         .add_service(fleet)
+        .add_service(envoy)
         .add_service(reflection::v1()?)
         .add_service(reflection::v1alpha()?);
     let connections = ConnectionLimits {
@@ -511,25 +541,44 @@ async fn serve(
 }
 
 /// Follows openraft's metrics while the node runs: the Raft gauges (`raft::gauges`), and
-/// the health of `ankusa.fleet.v1.Fleet`, `SERVING` only while this node knows a leader and
-/// is not draining, so a load balancer can prefer nodes in touch with the fleet. The
+/// the health of `ankusa.fleet.v1.Fleet`, `SERVING` only while this node knows a leader
+/// (and, when it leads, a quorum acknowledged it within `lease`) and is not draining, so a
+/// load balancer can prefer nodes in touch with the fleet. The
 /// overall health ("") stays `SERVING` until the drain: the node can always answer its
 /// edge, from its own state if it must.
+/// How often `follow_raft` reads openraft's metrics.
+const FOLLOW_RAFT_EVERY: Duration = Duration::from_millis(100);
+
 async fn follow_raft(
     raft: Raft,
     node_id: crate::raft::NodeId,
+    lease: Duration,
     health: tonic_health::server::HealthReporter,
     gate: DrainGate,
     mut stopped: watch::Receiver<bool>,
 ) {
     type Fleet = pb::fleet_server::FleetServer<FleetService>;
-    let mut metrics = raft.metrics();
+    let metrics = raft.metrics();
+    let mut gauges = crate::raft::gauges::Gauges::default();
     let mut serving = None;
+    // openraft publishes its metrics on every turn of its loop, thousands of times a
+    // second under load: they are read on a tick instead.
+    let mut tick = tokio::time::interval(FOLLOW_RAFT_EVERY);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         let leader_known = {
-            let now = metrics.borrow_and_update();
-            crate::raft::gauges::export(&now, node_id);
-            now.current_leader.is_some()
+            let now = metrics.borrow();
+            gauges.export(&now, node_id);
+            let heard_from_quorum = now
+                .millis_since_quorum_ack
+                .is_some_and(|ms| u128::from(ms) < lease.as_millis());
+            match now.current_leader {
+                // A leader cut off from its followers keeps calling itself leader (openraft
+                // does not step it down).
+                Some(leader) if leader == node_id => heard_from_quorum,
+                Some(_) => true,
+                None => false,
+            }
         };
         let serve = leader_known && !gate.is_draining();
         if serving != Some(serve) {
@@ -545,11 +594,7 @@ async fn follow_raft(
             serving = Some(serve);
         }
         tokio::select! {
-            changed = metrics.changed() => {
-                if changed.is_err() {
-                    return;
-                }
-            }
+            _ = tick.tick() => {}
             _ = stopped.changed() => return,
         }
     }

@@ -163,6 +163,24 @@ async fn fleet_health_follows_the_leader_while_the_node_stays_serving() {
     tracing::info!("--- healed, it follows a leader again");
     fleet.heal(follower).await;
     wait_health(fleet_service, ServingStatus::Serving).await;
+
+    tracing::info!("--- a leader cut off keeps calling itself leader; its health does not");
+    let leader = fleet.wait_for_leader(&[1, 2, 3]).await;
+    fleet.isolate(leader, pb::internal::FaultKind::Drop).await;
+    fleet
+        .wait_for(
+            &format!("{fleet_service:?} NotServing on the cut-off leader {leader}"),
+            || async {
+                (health_of(&fleet, leader, fleet_service).await == Some(ServingStatus::NotServing))
+                    .then_some(())
+            },
+        )
+        .await;
+    assert_eq!(
+        health_of(&fleet, leader, "").await,
+        Some(ServingStatus::Serving)
+    );
+    fleet.heal(leader).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -54,6 +54,8 @@ pub struct ConfigFile {
     pub metrics_addr: Option<String>,
     /// `text` (the default) or `json`: one JSON object per line.
     pub log_format: Option<LogFormat>,
+    /// Limits for Envoy's rate limit service, in envoyproxy/ratelimit's YAML format.
+    pub rate_limits_file: Option<PathBuf>,
     /// Local fallback charges: `fair_share` (capacity / voters) or `full` (whole capacity).
     pub fallback_budget: Option<FallbackBudget>,
     /// Lets the Admin `SetFaults` call drop, black-hole or delay Raft traffic. For fault
@@ -227,6 +229,7 @@ pub struct NodeConfig {
     pub snapshot_logs_kept: u64,
     pub metrics_addr: Option<SocketAddr>,
     pub log_format: LogFormat,
+    pub rate_limits_file: Option<PathBuf>,
     pub fallback_budget: FallbackBudget,
     pub fault_injection: bool,
     pub planted_bug: Option<PlantedBug>,
@@ -418,6 +421,7 @@ impl NodeConfig {
                 .map(|a| parse_addr("metrics_addr", a))
                 .transpose()?,
             log_format: file.log_format.unwrap_or_default(),
+            rate_limits_file: file.rate_limits_file,
         })
     }
 

@@ -7,6 +7,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use anyhow::Context;
+use rand::SeedableRng;
 use tokio::time::Instant;
 
 use crate::cli::AdminTarget;
@@ -64,9 +65,31 @@ impl Rule {
     }
 }
 
-fn free_port() -> anyhow::Result<u16> {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
-    Ok(listener.local_addr()?.port())
+/// `count` distinct free ports below the kernel's ephemeral range. A port the kernel
+/// hands out (bind to 0) can be handed out again, or taken by an outgoing connection
+/// while its node is down, and a restarted node then cannot bind it.
+fn free_ports(count: usize) -> anyhow::Result<Vec<u16>> {
+    let ephemeral_low: u16 = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|range| range.split_whitespace().next()?.parse().ok())
+        .unwrap_or(32_768);
+    let low = 10_000u16.min(ephemeral_low / 2);
+    let mut rng = rand::rngs::StdRng::from_entropy();
+    let mut ports = Vec::with_capacity(count);
+    for _ in 0..count * 100 {
+        if ports.len() == count {
+            break;
+        }
+        let port = rand::Rng::gen_range(&mut rng, low..ephemeral_low);
+        if !ports.contains(&port) && std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            ports.push(port);
+        }
+    }
+    anyhow::ensure!(
+        ports.len() == count,
+        "no {count} free ports below {ephemeral_low}"
+    );
+    Ok(ports)
 }
 
 impl Fleet {
@@ -76,14 +99,17 @@ impl Fleet {
     /// When a node cannot be started or no leader is elected in time.
     /// `extra` is added to every node's config (e.g. a `planted_bug`).
     pub async fn start(exe: &Path, dir: &Path, count: u64, extra: &str) -> anyhow::Result<Self> {
-        let mut addrs = Vec::new();
-        for id in 1..=count + 1 {
-            addrs.push((
-                id,
-                format!("127.0.0.1:{}", free_port()?),
-                format!("127.0.0.1:{}", free_port()?),
-            ));
-        }
+        let ports = free_ports(2 * (count as usize + 1))?;
+        let addrs: Vec<(u64, String, String)> = (1..=count + 1)
+            .zip(ports.chunks(2))
+            .map(|(id, pair)| {
+                (
+                    id,
+                    format!("127.0.0.1:{}", pair[0]),
+                    format!("127.0.0.1:{}", pair[1]),
+                )
+            })
+            .collect();
         let members: String = addrs[..count as usize]
             .iter()
             .map(|(id, api, raft)| {

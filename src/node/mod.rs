@@ -574,6 +574,17 @@ impl Node {
         (index, applied.state.digest())
     }
 
+    /// How far a bucket's TAT is ahead of now on this node's replica (0: the bucket is
+    /// full): what an Envoy answer reports as left and as the time until reset.
+    pub fn bucket_ahead_us(&self, bucket: &crate::state::BucketKey) -> u64 {
+        let applied = self.state.lock();
+        let now_us = crate::clock::wall_clock_us().max(applied.state.clock_us());
+        applied
+            .state
+            .bucket_tat_us(bucket)
+            .map_or(0, |tat_us| tat_us.saturating_sub(now_us))
+    }
+
     /// The fleet state replica, for reads that need no consensus (tests, status).
     pub fn replica(&self) -> &StateMachineStore {
         &self.state

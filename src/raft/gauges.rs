@@ -2,7 +2,7 @@
 //! indexes, membership size and, on the leader, how far each peer lags
 //! (docs/operations.md lists them).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use super::{MemberNode, NodeId};
 
@@ -20,10 +20,30 @@ fn quorum_index(voters: &[NodeId], matched: &BTreeMap<NodeId, u64>) -> u64 {
     held.get(voters.len() / 2).copied().unwrap_or(0)
 }
 
-/// Sets every gauge from `metrics`, for node `node_id`. The commit index is the leader's
-/// count (what a majority of voters hold); a follower shows its applied index there, since
-/// openraft does not report a follower's commit index.
-pub fn export(metrics: &Metrics, node_id: NodeId) {
+/// The gauges of one node; it remembers which peers' lag it exported, so a peer that is
+/// gone, or a node that no longer leads, shows no stale lag.
+#[derive(Default)]
+pub struct Gauges {
+    lag_of: BTreeSet<NodeId>,
+}
+
+impl Gauges {
+    /// Sets every gauge from `metrics`, for node `node_id`. The commit index is the
+    /// leader's count (what a majority of voters hold); a follower shows its applied index
+    /// there, since openraft does not report a follower's commit index.
+    pub fn export(&mut self, metrics: &Metrics, node_id: NodeId) {
+        let lagging = export(metrics, node_id);
+        for gone in self.lag_of.difference(&lagging) {
+            metrics::gauge!("ankusa_raft_replication_lag_entries", "peer" => gone.to_string())
+                .set(0.0);
+        }
+        self.lag_of = lagging;
+    }
+}
+
+/// Sets the gauges; returns the peers whose lag it set.
+fn export(metrics: &Metrics, node_id: NodeId) -> BTreeSet<NodeId> {
+    let mut lagging = BTreeSet::new();
     let is_leader = metrics.current_leader == Some(node_id);
     let applied = metrics.last_applied.map_or(0, |log_id| log_id.index);
     let last_log = metrics.last_log_index.unwrap_or(0);
@@ -47,12 +67,15 @@ pub fn export(metrics: &Metrics, node_id: NodeId) {
             if *peer != node_id {
                 metrics::gauge!("ankusa_raft_replication_lag_entries", "peer" => peer.to_string())
                     .set(last_log.saturating_sub(*index) as f64);
+                lagging.insert(*peer);
             }
         }
-        matched.insert(node_id, last_log);
+        // The leader's own entry, when openraft lists it, is what it flushed.
+        matched.entry(node_id).or_insert(last_log);
         commit = quorum_index(&voters, &matched).max(applied);
     }
     metrics::gauge!("ankusa_raft_commit_index").set(commit as f64);
+    lagging
 }
 
 #[cfg(test)]

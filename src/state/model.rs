@@ -70,8 +70,8 @@ pub enum Kind {
     Bytes,
 }
 
-/// A GCRA bucket's name. Hit's buckets and check_rate's live in separate variants, so
-/// they can never share a name (contract §11).
+/// A GCRA bucket's name. Hit's buckets, check_rate's and Envoy's live in separate
+/// variants, so they can never share a name (contract §11).
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub enum BucketKey {
     Tenant {
@@ -81,6 +81,12 @@ pub enum BucketKey {
     Entity {
         entity_id: EntityId,
         operation: Box<str>,
+    },
+    /// An Envoy rate limit descriptor (`envoy`): its domain and its entries, each key and
+    /// value prefixed by its length (`3:key5:value...`), so no two descriptors share one.
+    Envoy {
+        domain: Box<str>,
+        descriptor: Box<str>,
     },
 }
 
