@@ -284,9 +284,15 @@ impl EnvoyService {
         request: Request<RateLimitRequest>,
     ) -> Result<Response<RateLimitResponse>, Status> {
         let _call = self.gate.enter()?;
-        let timeout = grpc_timeout(&request)
-            .unwrap_or(self.timeout_default)
-            .min(self.timeout_default);
+        // The caller's deadline covers the way back too: the answer leaves a tenth of it
+        // early.
+        let timeout = match grpc_timeout(&request) {
+            Some(deadline) => {
+                deadline.saturating_sub((deadline / 10).max(Duration::from_millis(1)))
+            }
+            None => self.timeout_default,
+        }
+        .min(self.timeout_default);
         let request = request.into_inner();
         if request.domain.is_empty() || request.domain.len() > ID_BYTES_MAX {
             return Err(invalid(
