@@ -71,6 +71,18 @@ async fn metrics_count_calls_by_outcome_and_show_the_raft_state() {
         fleet.metric(follower, "ankusa_raft_is_leader").await,
         Some(0.0)
     );
+    // Nothing was decided alone: no queued settle, nothing to hand over.
+    for name in ["ankusa_queued_settles", "ankusa_reconcile_backlog"] {
+        let fleet = &fleet;
+        fleet
+            .wait_for(&format!("{name} on node {follower}"), || async move {
+                fleet
+                    .metric(follower, name)
+                    .await
+                    .filter(|value| *value == 0.0)
+            })
+            .await;
+    }
     let lag = format!(r#"ankusa_raft_replication_lag_entries{{peer="{follower}"}}"#);
     let fleet_ref = &fleet;
     fleet

@@ -125,15 +125,23 @@ fn record_latency(call: &'static str, started: Instant) {
         .record(started.elapsed().as_secs_f64());
 }
 
-/// Counts one hit in `ankusa_hits_total{outcome, decided_by}`.
-fn count_hit(outcome: &Result<Decided<HitAnswer>, Status>) {
-    let (outcome, decided_by) = match outcome {
+/// A call's `outcome` and `decided_by` labels: its answer's, or its error's.
+fn labels<T>(
+    outcome: &Result<Decided<T>, Status>,
+    answer_label: fn(&T) -> &'static str,
+) -> (&'static str, &'static str) {
+    match outcome {
         Ok(decided) => (
-            hit_outcome_label(&decided.answer),
+            answer_label(&decided.answer),
             decider_label(Some(&decided.decided_by)),
         ),
         Err(status) => (error_label(status), decider_label(None)),
-    };
+    }
+}
+
+/// Counts one hit in `ankusa_hits_total{outcome, decided_by}`.
+fn count_hit(outcome: &Result<Decided<HitAnswer>, Status>) {
+    let (outcome, decided_by) = labels(outcome, hit_outcome_label);
     metrics::counter!("ankusa_hits_total", "outcome" => outcome, "decided_by" => decided_by)
         .increment(1);
 }
@@ -297,13 +305,7 @@ impl pb::fleet_server::Fleet for FleetService {
             Ok(input) => self.node.settle(input).await.map_err(status_of),
             Err(e) => Err(invalid(e)),
         };
-        let (outcome, decided_by) = match &decided {
-            Ok(decided) => (
-                settle_outcome_label(&decided.answer),
-                decider_label(Some(&decided.decided_by)),
-            ),
-            Err(status) => (error_label(status), decider_label(None)),
-        };
+        let (outcome, decided_by) = labels(&decided, settle_outcome_label);
         metrics::counter!("ankusa_settles_total", "outcome" => outcome, "decided_by" => decided_by)
             .increment(1);
         record_latency("settle", started);

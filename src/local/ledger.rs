@@ -47,6 +47,11 @@ impl ChargeLedger {
         self.lock().is_empty()
     }
 
+    /// How many buckets have charges waiting to be reconciled.
+    pub fn len(&self) -> usize {
+        self.lock().len()
+    }
+
     /// Drops what `tenant`'s buckets (both kinds) were charged locally: a reset forgets
     /// them, so reconciliation must not charge them to the fleet afterwards.
     pub fn forget_tenant(&self, tenant: &TenantId) {

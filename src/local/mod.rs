@@ -366,6 +366,14 @@ impl Fallback {
             .collect()
     }
 
+    /// How many local decisions wait to be handed to the fleet: queued settles, claims
+    /// allowed alone, and the tenants whose charges the fallback granted.
+    pub fn backlog(&self) -> (usize, usize) {
+        let settles = self.queue.len();
+        let others = self.ledger.len() + self.engine.pending_claims().len();
+        (settles, settles + others)
+    }
+
     /// True when local decisions still wait to be handed to the fleet.
     pub fn has_unreconciled(&self) -> bool {
         !self.queue.is_empty()

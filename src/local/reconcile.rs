@@ -66,6 +66,9 @@ pub async fn run<N: Fleet>(node: Arc<N>, mut stopped: watch::Receiver<bool>) {
             _ = tokio::time::sleep(ROUND_INTERVAL) => {}
             _ = stopped.wait_for(|stop| *stop) => return,
         }
+        let (queued, backlog) = node.fallback().backlog();
+        metrics::gauge!("ankusa_queued_settles").set(queued as f64);
+        metrics::gauge!("ankusa_reconcile_backlog").set(backlog as f64);
         if !node.leader_known() || !node.fallback().has_unreconciled() {
             continue;
         }

@@ -310,6 +310,20 @@ fn cut(peers: &[u64], kind: FaultKind, direction: FaultDirection) -> Vec<Rule> {
         .collect()
 }
 
+/// Sets node `id`'s transport rules and clock offset for `lasts`, then clears them. A node
+/// that cannot be reached keeps none anyway (the heal clears every node once more).
+async fn for_a_while(
+    fleet: &Fleet,
+    id: u64,
+    rules: &[Rule],
+    clock_offset_ms: i64,
+    lasts: Duration,
+) {
+    let _ = fleet.set_faults(id, rules, false, clock_offset_ms).await;
+    tokio::time::sleep(lasts).await;
+    let _ = fleet.set_faults(id, &[], false, 0).await;
+}
+
 fn cut_kind(blackhole: bool) -> FaultKind {
     if blackhole {
         FaultKind::Blackhole
@@ -351,11 +365,8 @@ async fn inflict(fleet: &mut Fleet, recorder: &Recorder, planned: &Planned) -> A
     let mut note = String::new();
     let nodes = match planned.fault {
         Fault::Isolate { blackhole, .. } => {
-            let _ = fleet
-                .set_faults(id, &cut(&peers, cut_kind(blackhole), both), false, 0)
-                .await;
-            tokio::time::sleep(lasts).await;
-            let _ = fleet.set_faults(id, &[], false, 0).await;
+            let rules = cut(&peers, cut_kind(blackhole), both);
+            for_a_while(fleet, id, &rules, 0, lasts).await;
             vec![id]
         }
         Fault::OneWay {
@@ -368,11 +379,8 @@ async fn inflict(fleet: &mut Fleet, recorder: &Recorder, planned: &Planned) -> A
             } else {
                 FaultDirection::Incoming
             };
-            let _ = fleet
-                .set_faults(id, &cut(&peers, cut_kind(blackhole), direction), false, 0)
-                .await;
-            tokio::time::sleep(lasts).await;
-            let _ = fleet.set_faults(id, &[], false, 0).await;
+            let rules = cut(&peers, cut_kind(blackhole), direction);
+            for_a_while(fleet, id, &rules, 0, lasts).await;
             vec![id]
         }
         Fault::Split {
@@ -413,9 +421,7 @@ async fn inflict(fleet: &mut Fleet, recorder: &Recorder, planned: &Planned) -> A
                     ..Rule::both(*peer, FaultKind::Delay)
                 })
                 .collect();
-            let _ = fleet.set_faults(id, &rules, false, 0).await;
-            tokio::time::sleep(lasts).await;
-            let _ = fleet.set_faults(id, &[], false, 0).await;
+            for_a_while(fleet, id, &rules, 0, lasts).await;
             vec![id]
         }
         Fault::Pause { .. } => {
@@ -510,9 +516,7 @@ async fn inflict(fleet: &mut Fleet, recorder: &Recorder, planned: &Planned) -> A
             } else {
                 -workload::CLOCK_SKEW_MS
             };
-            let _ = fleet.set_faults(id, &[], false, offset_ms).await;
-            tokio::time::sleep(lasts).await;
-            let _ = fleet.set_faults(id, &[], false, 0).await;
+            for_a_while(fleet, id, &[], offset_ms, lasts).await;
             vec![id]
         }
     };

@@ -135,10 +135,6 @@ pub fn all(run: &Run<'_>) -> Findings {
         .iter()
         .map(|down| (down.node, down.from_us, down.to_us))
         .collect();
-    let clocks_from_us = run.skewed.iter().map(|(_, from_us, _)| *from_us).min();
-    findings
-        .anomalies
-        .extend(budget::refusals(history, run.bucket, clocks_from_us));
     findings.anomalies.extend(budget::budgets(
         history,
         &budget::Budgets {
