@@ -1,7 +1,7 @@
 //! Metrics: the Prometheus exporter a node serves on `metrics_addr`.
 //!
 //! Every `*_seconds` metric is a real Prometheus histogram (`_bucket` lines), so latencies
-//! aggregate across nodes; the batch sizes get count buckets. docs/operations.md lists the
+//! aggregate across nodes; the batch sizes and snapshot sizes get buckets of their own. docs/operations.md lists the
 //! metrics and the alerts worth having on them.
 
 use std::net::SocketAddr;
@@ -16,6 +16,18 @@ const SECONDS: [f64; 16] = [
 ];
 /// Buckets for commands per batch.
 const COMMANDS: [f64; 10] = [1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0];
+/// Buckets for snapshot sizes: 64 KiB to 4 GiB, by fours.
+const BYTES: [f64; 9] = [
+    65_536.0,
+    262_144.0,
+    1_048_576.0,
+    4_194_304.0,
+    16_777_216.0,
+    67_108_864.0,
+    268_435_456.0,
+    1_073_741_824.0,
+    4_294_967_296.0,
+];
 
 /// Serves Prometheus text on `addr` (any path) from now on, and says so in the log.
 ///
@@ -30,6 +42,9 @@ pub fn serve_metrics(addr: SocketAddr) -> anyhow::Result<()> {
                 Matcher::Full("ankusa_batch_commands".to_owned()),
                 &COMMANDS,
             )
+        })
+        .and_then(|builder| {
+            builder.set_buckets_for_metric(Matcher::Suffix("_bytes".to_owned()), &BYTES)
         })
         .context("metrics buckets")?
         .install()

@@ -127,6 +127,24 @@ async fn a_node_added_at_run_time_catches_up_by_snapshot() {
         fleet.log_count(4, "snapshot installed") >= 1,
         "node 4 caught up without installing a snapshot"
     );
+    // The same, on the metrics pages: builds on the leader, the install on node 4, with
+    // their durations and sizes as histograms.
+    for (id, name) in [
+        (leader, r#"ankusa_snapshots_total{event="built"}"#),
+        (leader, r#"ankusa_snapshot_seconds_count{event="built"}"#),
+        (4, r#"ankusa_snapshots_total{event="installed"}"#),
+        (
+            4,
+            r#"ankusa_snapshot_size_bytes_bucket{event="installed",le="+Inf"}"#,
+        ),
+    ] {
+        let fleet = &fleet;
+        fleet
+            .wait_for(&format!("{name} on node {id}"), || async move {
+                fleet.metric(id, name).await.filter(|count| *count >= 1.0)
+            })
+            .await;
+    }
 
     tracing::info!("--- through node 4: old keys are duplicates, new hits commit");
     fleet.assert_duplicates(4, TENANT, &old, 16).await;

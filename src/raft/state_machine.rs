@@ -164,7 +164,9 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         meta: &SnapshotMeta,
         snapshot: Box<Cursor<Vec<u8>>>,
     ) -> Result<(), StorageError> {
+        let started = std::time::Instant::now();
         let data = snapshot.into_inner();
+        let size_bytes = data.len();
         let body = snapshot::decode(&data)
             .map_err(|e| StorageIOError::read_snapshot(Some(meta.signature()), &e))?;
         // The bytes are stored, then let go before the state is built from the body.
@@ -174,6 +176,11 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         applied.last_applied = meta.last_log_id;
         applied.membership = meta.last_membership.clone();
         *self.lock() = applied;
+        metrics::counter!("ankusa_snapshots_total", "event" => "installed").increment(1);
+        metrics::histogram!("ankusa_snapshot_seconds", "event" => "installed")
+            .record(started.elapsed().as_secs_f64());
+        metrics::histogram!("ankusa_snapshot_size_bytes", "event" => "installed")
+            .record(size_bytes as f64);
         tracing::info!(snapshot_id = %meta.snapshot_id, "snapshot installed");
         Ok(())
     }

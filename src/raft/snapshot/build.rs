@@ -66,6 +66,11 @@ impl RaftSnapshotBuilder<TypeConfig> for StateMachineStore {
         let data = data.map_err(|e| StorageIOError::write_snapshot(Some(meta.signature()), &e))?;
         let encoded_ms = started.elapsed().as_millis();
         let data = self.snapshots().persist(&meta, data).await?;
+        metrics::counter!("ankusa_snapshots_total", "event" => "built").increment(1);
+        metrics::histogram!("ankusa_snapshot_seconds", "event" => "built")
+            .record(started.elapsed().as_secs_f64());
+        metrics::histogram!("ankusa_snapshot_size_bytes", "event" => "built")
+            .record(data.len() as f64);
         tracing::info!(
             snapshot_id = %meta.snapshot_id,
             size_bytes = data.len(),
