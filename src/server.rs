@@ -540,15 +540,15 @@ async fn serve(
     }
 }
 
+/// How often `follow_raft` reads openraft's metrics.
+const FOLLOW_RAFT_EVERY: Duration = Duration::from_millis(100);
+
 /// Follows openraft's metrics while the node runs: the Raft gauges (`raft::gauges`), and
 /// the health of `ankusa.fleet.v1.Fleet`, `SERVING` only while this node knows a leader
 /// (and, when it leads, a quorum acknowledged it within `lease`) and is not draining, so a
 /// load balancer can prefer nodes in touch with the fleet. The
 /// overall health ("") stays `SERVING` until the drain: the node can always answer its
 /// edge, from its own state if it must.
-/// How often `follow_raft` reads openraft's metrics.
-const FOLLOW_RAFT_EVERY: Duration = Duration::from_millis(100);
-
 async fn follow_raft(
     raft: Raft,
     node_id: crate::raft::NodeId,
@@ -561,6 +561,9 @@ async fn follow_raft(
     let metrics = raft.metrics();
     let mut gauges = crate::raft::gauges::Gauges::default();
     let mut serving = None;
+    // When this node began to lead, and in which term: a new leader has heard from no
+    // quorum yet (openraft says `None`), which is not being cut off.
+    let mut leading_since: Option<(u64, tokio::time::Instant)> = None;
     // openraft publishes its metrics on every turn of its loop, thousands of times a
     // second under load: they are read on a tick instead.
     let mut tick = tokio::time::interval(FOLLOW_RAFT_EVERY);
@@ -569,9 +572,15 @@ async fn follow_raft(
         let leader_known = {
             let now = metrics.borrow();
             gauges.export(&now, node_id);
-            let heard_from_quorum = now
-                .millis_since_quorum_ack
-                .is_some_and(|ms| u128::from(ms) < lease.as_millis());
+            if now.current_leader != Some(node_id) {
+                leading_since = None;
+            } else if leading_since.is_none_or(|(term, _)| term != now.current_term) {
+                leading_since = Some((now.current_term, tokio::time::Instant::now()));
+            }
+            let heard_from_quorum = match now.millis_since_quorum_ack {
+                Some(ms) => u128::from(ms) < lease.as_millis(),
+                None => leading_since.is_some_and(|(_, since)| since.elapsed() < lease),
+            };
             match now.current_leader {
                 // A leader cut off from its followers keeps calling itself leader (openraft
                 // does not step it down).

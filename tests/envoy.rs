@@ -59,8 +59,9 @@ async fn ask(
         descriptors,
         hits_addend,
     });
-    // As Envoy's filter does: its timeout travels as the gRPC deadline.
-    request.set_timeout(Duration::from_millis(500));
+    // As Envoy's filter does: its timeout travels as the gRPC deadline. The node keeps at
+    // most its own default (1 s) of it, so a loaded machine has a second to spare.
+    request.set_timeout(Duration::from_secs(2));
     client
         .should_rate_limit(request)
         .await

@@ -229,10 +229,22 @@ impl EnvoyService {
             DecidedBy::Fleet => "fleet",
             DecidedBy::Local { .. } => "local",
         };
-        // What is left, read off this node's replica: its TAT ahead of the clock.
-        let ahead_us = self.node.bucket_ahead_us(&bucket);
-        let remaining = capacity_us.saturating_sub(ahead_us) / per_hit_us;
-        let over = matches!(decided.answer, HitAnswer::RateLimited { .. });
+        // What is left, read off this node's replica: its TAT ahead of the clock. A
+        // follower's replica may not have applied the charge yet, so a refusal says 0 left
+        // and at least its own retry hint until the reset.
+        let mut ahead_us = self.node.bucket_ahead_us(&bucket);
+        let over = match decided.answer {
+            HitAnswer::RateLimited { retry_after_ms } => {
+                ahead_us = ahead_us.max(retry_after_ms.saturating_mul(1_000));
+                true
+            }
+            _ => false,
+        };
+        let remaining = if over {
+            0
+        } else {
+            capacity_us.saturating_sub(ahead_us) / per_hit_us
+        };
         let code = if over && !*shadow {
             Code::OverLimit
         } else {

@@ -366,8 +366,9 @@ impl Fallback {
             .collect()
     }
 
-    /// How many local decisions wait to be handed to the fleet: queued settles, claims
-    /// allowed alone, and the tenants whose charges the fallback granted.
+    /// How many local decisions wait to be handed to the fleet: queued settles (the first
+    /// number), and all of them (the second): those, claims allowed alone, and the buckets
+    /// with charges the fallback granted.
     pub fn backlog(&self) -> (usize, usize) {
         let settles = self.queue.len();
         let others = self.ledger.len() + self.engine.pending_claims().len();

@@ -73,7 +73,11 @@ fn free_ports(count: usize) -> anyhow::Result<Vec<u16>> {
         .ok()
         .and_then(|range| range.split_whitespace().next()?.parse().ok())
         .unwrap_or(32_768);
-    let low = 10_000u16.min(ephemeral_low / 2);
+    let low = 10_000u16.min(ephemeral_low / 2).max(1_024);
+    anyhow::ensure!(
+        low < ephemeral_low,
+        "the ephemeral range starts at {ephemeral_low}: no room below it for the fleet's ports"
+    );
     let mut rng = rand::rngs::StdRng::from_entropy();
     let mut ports = Vec::with_capacity(count);
     for _ in 0..count * 100 {
