@@ -108,7 +108,7 @@ fn settle_outcome_label(answer: &SettleAnswer) -> &'static str {
 }
 
 /// A failed call's outcome label: its gRPC code (`invalid_argument`, `unavailable`, ...).
-fn error_label(status: &Status) -> &'static str {
+pub(crate) fn error_label(status: &Status) -> &'static str {
     match status.code() {
         tonic::Code::InvalidArgument => "invalid_argument",
         tonic::Code::Unavailable => "unavailable",
@@ -120,7 +120,7 @@ fn error_label(status: &Status) -> &'static str {
 }
 
 /// Records how long a call took, in `ankusa_call_seconds{call}`.
-fn record_latency(call: &'static str, started: Instant) {
+pub(crate) fn record_latency(call: &'static str, started: Instant) {
     metrics::histogram!("ankusa_call_seconds", "call" => call)
         .record(started.elapsed().as_secs_f64());
 }

@@ -277,13 +277,10 @@ impl RateLimitService for EnvoyService {
                 "over_limit"
             }
             Ok(_) => "ok",
-            Err(status) if status.code() == tonic::Code::InvalidArgument => "invalid_argument",
-            Err(status) if status.code() == tonic::Code::Unavailable => "unavailable",
-            Err(_) => "error",
+            Err(status) => crate::api::error_label(status),
         };
         metrics::counter!("ankusa_envoy_requests_total", "outcome" => outcome).increment(1);
-        metrics::histogram!("ankusa_call_seconds", "call" => "should_rate_limit")
-            .record(started.elapsed().as_secs_f64());
+        crate::api::record_latency("should_rate_limit", started);
         answer
     }
 }

@@ -69,7 +69,7 @@ pub async fn run<N: Fleet>(node: Arc<N>, mut stopped: watch::Receiver<bool>) {
         let (queued, backlog) = node.fallback().backlog();
         metrics::gauge!("ankusa_queued_settles").set(queued as f64);
         metrics::gauge!("ankusa_reconcile_backlog").set(backlog as f64);
-        if !node.leader_known() || !node.fallback().has_unreconciled() {
+        if !node.leader_known() || backlog == 0 {
             continue;
         }
         match round(node.as_ref()).await {

@@ -364,20 +364,11 @@ async fn inflict(fleet: &mut Fleet, recorder: &Recorder, planned: &Planned) -> A
     let both = FaultDirection::Both;
     let mut note = String::new();
     let nodes = match planned.fault {
-        Fault::Isolate { blackhole, .. } => {
-            let rules = cut(&peers, cut_kind(blackhole), both);
-            for_a_while(fleet, id, &rules, 0, lasts).await;
-            vec![id]
-        }
-        Fault::OneWay {
-            blackhole,
-            outgoing,
-            ..
-        } => {
-            let direction = if outgoing {
-                FaultDirection::Outgoing
-            } else {
-                FaultDirection::Incoming
+        Fault::Isolate { blackhole, .. } | Fault::OneWay { blackhole, .. } => {
+            let direction = match planned.fault {
+                Fault::OneWay { outgoing: true, .. } => FaultDirection::Outgoing,
+                Fault::OneWay { .. } => FaultDirection::Incoming,
+                _ => both,
             };
             let rules = cut(&peers, cut_kind(blackhole), direction);
             for_a_while(fleet, id, &rules, 0, lasts).await;

@@ -23,7 +23,7 @@
 
 use std::collections::BTreeMap;
 
-use super::Anomaly;
+use super::{Anomaly, Downtime};
 use crate::nemesis::history::{Answer, Decided, Op, Outcome, Request};
 
 /// One bucket's shape, as the workload charges it.
@@ -51,9 +51,10 @@ pub struct Budgets<'a> {
     /// (node, from, to): that node's wall clock was set off in between. Its own buckets
     /// run on it, leader or not.
     pub skewed: &'a [(u64, u64, u64)],
-    /// (from, to) of every fault, and (node, from, to) of every node down or restarting.
+    /// (from, to) of every fault.
     pub faults: &'a [(u64, u64)],
-    pub downtimes: &'a [(u64, u64, u64)],
+    /// Every time a node was down or restarting.
+    pub downtimes: &'a [Downtime],
 }
 
 /// The first stretch of `allowed` over its allowance, if any: `capacity` is the bucket's
@@ -162,8 +163,8 @@ pub fn budgets(history: &[Op], run: &Budgets<'_>) -> Vec<Anomaly> {
                 emptied.extend(
                     run.downtimes
                         .iter()
-                        .filter(|(down, _, _)| down == node)
-                        .map(|(_, from, to)| (*from, *to)),
+                        .filter(|down| down.node == *node)
+                        .map(|down| (down.from_us, down.to_us)),
                 );
                 share_us
             }
@@ -258,9 +259,17 @@ mod tests {
         // A restart of that node empties its buckets; another node's does not.
         let restarted = |node: u64| Budgets {
             downtimes: if node == 1 {
-                &[(1, 2_000, 2_500)]
+                &[Downtime {
+                    node: 1,
+                    from_us: 2_000,
+                    to_us: 2_500,
+                }]
             } else {
-                &[(2, 2_000, 2_500)]
+                &[Downtime {
+                    node: 2,
+                    from_us: 2_000,
+                    to_us: 2_500,
+                }]
             },
             ..quiet()
         };

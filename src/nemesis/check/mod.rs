@@ -130,11 +130,6 @@ pub fn all(run: &Run<'_>) -> Findings {
     findings
         .anomalies
         .extend(deadlines(history, run.downtimes, run.slack_us));
-    let downtimes: Vec<(u64, u64, u64)> = run
-        .downtimes
-        .iter()
-        .map(|down| (down.node, down.from_us, down.to_us))
-        .collect();
     findings.anomalies.extend(budget::budgets(
         history,
         &budget::Budgets {
@@ -143,7 +138,7 @@ pub fn all(run: &Run<'_>) -> Findings {
             refills: run.refills,
             skewed: run.skewed,
             faults: run.faults,
-            downtimes: &downtimes,
+            downtimes: run.downtimes,
         },
     ));
     findings
