@@ -33,6 +33,7 @@
 
 pub mod accept;
 pub mod api;
+pub mod backup;
 pub mod bench;
 pub mod cli;
 pub mod clock;

@@ -47,6 +47,11 @@ enum Cmd {
         #[command(subcommand)]
         command: ClusterCmd,
     },
+    /// Back the fleet's state up to a file, or seed a node's empty data dir from one.
+    Snapshot {
+        #[command(subcommand)]
+        command: SnapshotCmd,
+    },
     /// Make a fleet CA and one certificate per node, for [peer_tls] (reuses a CA already in
     /// --out).
     Certs(ankusa_fleet::tls::CertsPlan),
@@ -73,6 +78,24 @@ enum Cmd {
         /// membership, clock (default: all).
         #[arg(long, value_delimiter = ',', value_parser = clap::builder::PossibleValuesParser::new(ankusa_fleet::nemesis::schedule::KINDS))]
         faults: Option<Vec<String>>,
+    },
+}
+
+#[derive(Subcommand)]
+enum SnapshotCmd {
+    /// Write a snapshot covering everything the fleet answered before the call, taken on
+    /// the leader through any node's raft_addr (with a fleet certificate), to FILE.
+    Save {
+        #[command(flatten)]
+        target: cli::AdminTarget,
+        file: PathBuf,
+    },
+    /// Seed the empty data dir of the node NODE.toml describes from FILE (every member is
+    /// restored from the same file, then started).
+    Restore {
+        #[arg(long)]
+        config: PathBuf,
+        file: PathBuf,
     },
 }
 
@@ -236,6 +259,24 @@ async fn main() -> anyhow::Result<()> {
             }
             Ok(())
         }
+        Cmd::Snapshot { command } => match command {
+            SnapshotCmd::Save { target, file } => {
+                let summary = ankusa_fleet::backup::save(&target, &file).await?;
+                println!("saved {}: {summary}", file.display());
+                Ok(())
+            }
+            SnapshotCmd::Restore { config, file } => {
+                let config = NodeConfig::load(&config)?;
+                let summary = ankusa_fleet::backup::restore(&config, &file).await?;
+                println!(
+                    "restored node {} in {} from {}: {summary}",
+                    config.node_id,
+                    config.data_dir.display(),
+                    file.display()
+                );
+                Ok(())
+            }
+        },
         Cmd::Cluster { command } => match command {
             ClusterCmd::Status { target } => {
                 cli::print_status(&cli::cluster_status(&target).await?);

@@ -42,6 +42,10 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::R
 /// sled's page cache (default 1 GiB): it holds the latest snapshot and the node-scope and
 /// fallback claim indexes, all read rarely; the live state is in memory already.
 const SLED_CACHE_BYTES: u64 = 64 * 1024 * 1024;
+/// The Raft log and vote store in a data dir.
+pub const RAFT_LOG_FILE: &str = "raft-log.redb";
+/// The sled store (the snapshot, the settle queue) in a data dir.
+pub const STATE_SLED_DIR: &str = "state.sled";
 /// How long a stopping node waits for its servers' connections to close by themselves.
 const SERVERS_STOP_WAIT: Duration = Duration::from_secs(2);
 /// How long a snapshot chunk may take to install on a receiving node.
@@ -232,7 +236,7 @@ pub async fn start(config: NodeConfig, listeners: Listeners) -> Result<RunningNo
     open_dir(&config.data_dir)?;
     let faults = Faults::new(config.fault_injection).planting(config.planted_bug);
     let log_store = LogStore::open(
-        &config.data_dir.join("raft-log.redb"),
+        &config.data_dir.join(RAFT_LOG_FILE),
         config.node_id,
         faults.clone(),
     )
@@ -242,7 +246,7 @@ pub async fn start(config: NodeConfig, listeners: Listeners) -> Result<RunningNo
     let purged = log_store
         .last_purged()
         .map_err(|e| StartError::LogStore(e.to_string()))?;
-    let sled_path = config.data_dir.join("state.sled");
+    let sled_path = config.data_dir.join(STATE_SLED_DIR);
     let disk = open_sled(&sled_path)?;
     let state = open_state(&sled_path, &disk, &durable, purged, faults.planted())?;
     let snapshot_state = state.clone();

@@ -1,7 +1,9 @@
-//! The `Admin` service: membership for the `cluster` commands, and fault rules for the
-//! fault tests. Served on `raft_addr` only, beside the `Peer` service and behind the same
-//! `[peer_tls]`: whoever calls it holds a certificate of the fleet CA. A follower forwards a
-//! membership change to the leader's `raft_addr`, with this node's own certificate.
+//! The `Admin` service: membership for the `cluster` commands, backups for `snapshot save`,
+//! and fault rules for the fault tests. Served on `raft_addr` only, beside the `Peer`
+//! service and behind the same `[peer_tls]`: whoever calls it holds a certificate of the
+//! fleet CA (a backup holds every tenant's claims and budgets). A follower forwards a
+//! membership change or a backup to the leader's `raft_addr`, with this node's own
+//! certificate.
 //!
 //! It never serves edge calls.
 
@@ -17,7 +19,7 @@ use crate::pb::internal::admin_client::AdminClient;
 use crate::pb::internal::admin_server::Admin;
 use crate::pb::internal::{
     AddMemberRequest, AdminResponse, ClusterMember, ClusterStatusRequest, ClusterStatusResponse,
-    RemoveMemberRequest, SetFaultsRequest,
+    RemoveMemberRequest, SaveSnapshotRequest, SetFaultsRequest, SnapshotChunk,
 };
 use crate::raft::faults::{Direction, Fault, Faults};
 use crate::raft::MemberNode;
@@ -47,6 +49,14 @@ fn forward_once<T>(forwarded: bool, message: T) -> Result<Request<T>, Status> {
 
 /// How long a forward to the leader may take to connect.
 const FORWARD_CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Bytes per `SnapshotChunk`: well under what a client decodes in one message
+/// ([`crate::limits::API_RESPONSE_BYTES_MAX`]).
+const SNAPSHOT_CHUNK_BYTES: usize = 256 * 1024;
+
+/// The chunks of a backup, from this node or forwarded from the leader's.
+type SnapshotChunks =
+    std::pin::Pin<Box<dyn futures::Stream<Item = Result<SnapshotChunk, Status>> + Send>>;
 
 /// Membership administration for the `cluster` CLI; a follower forwards to the leader.
 pub struct AdminService {
@@ -109,6 +119,42 @@ impl AdminService {
 
 #[tonic::async_trait]
 impl Admin for AdminService {
+    type SaveSnapshotStream = SnapshotChunks;
+
+    async fn save_snapshot(
+        &self,
+        request: Request<SaveSnapshotRequest>,
+    ) -> Result<Response<SnapshotChunks>, Status> {
+        let forwarded = was_forwarded(&request);
+        let save = request.into_inner();
+        self.same_cluster(&save.cluster_id)?;
+        match self.node.backup().await {
+            Ok((last, data)) => {
+                tracing::info!(index = last.index, size_bytes = data.len(), "backup sent");
+                let chunks: Vec<Result<SnapshotChunk, Status>> = data
+                    .chunks(SNAPSHOT_CHUNK_BYTES)
+                    .map(|piece| {
+                        Ok(SnapshotChunk {
+                            data: piece.to_vec(),
+                        })
+                    })
+                    .collect();
+                Ok(Response::new(Box::pin(futures::stream::iter(chunks))))
+            }
+            Err(NodeError::NotLeader { leader_raft_addr }) => {
+                let save = forward_once(forwarded, save)?;
+                let chunks = self
+                    .leader_admin(leader_raft_addr)
+                    .await?
+                    .save_snapshot(save)
+                    .await?
+                    .into_inner();
+                Ok(Response::new(Box::pin(chunks)))
+            }
+            Err(e) => Err(status_of(e)),
+        }
+    }
+
     async fn add_member(
         &self,
         request: Request<AddMemberRequest>,

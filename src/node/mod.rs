@@ -9,6 +9,7 @@ use tokio::time::Instant;
 
 use crate::config::PlantedBug;
 
+mod backup;
 mod membership;
 pub mod propose;
 pub mod request;

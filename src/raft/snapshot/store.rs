@@ -29,6 +29,8 @@ pub enum StateStoreError {
     Sled(#[from] sled::Error),
     #[error("syncing sled to the disk: {0}")]
     Sync(#[from] std::io::Error),
+    #[error("the thread reading the snapshot failed: {0}")]
+    Reader(String),
     #[error("stored snapshot is unreadable: {0}")]
     Snapshot(#[from] crate::raft::snapshot::SnapshotFormatError),
     #[error("stored snapshot metadata is unreadable: {0}")]
@@ -105,6 +107,23 @@ impl SnapshotStore {
     /// As [`read`].
     pub(crate) fn current(&self) -> Result<Option<StoredSnapshot>, StateStoreError> {
         read(&self.inner.tree)
+    }
+
+    /// The current snapshot, if any, read between writes (a write that removes the chunks
+    /// being read cannot come in between), off the async runtime.
+    ///
+    /// # Errors
+    /// As [`read`].
+    pub(crate) async fn current_between_writes(
+        &self,
+    ) -> Result<Option<StoredSnapshot>, StateStoreError> {
+        let inner = Arc::clone(&self.inner);
+        tokio::task::spawn_blocking(move || {
+            let _no_write_meanwhile = crate::lock::lock(&inner.writing);
+            read(&inner.tree)
+        })
+        .await
+        .map_err(|e| StateStoreError::Reader(e.to_string()))?
     }
 
     /// Writes `data` as the current snapshot and syncs it to the disk (openraft purges the

@@ -1,0 +1,300 @@
+//! Backup and restore of the fleet's state, as etcd's `snapshot save` and `snapshot restore`.
+//!
+//! `save` asks any node's `Admin` service (on `raft_addr`, with a fleet certificate) for a
+//! snapshot that covers everything the fleet answered before the call, checks it and writes
+//! it to a file durably. The file is the node's own snapshot format: a header with the
+//! body's length and CRC-32, then the body (the log position it covers, the membership,
+//! every live bucket and claim).
+//!
+//! `restore` seeds one node's empty data dir from that file, offline: the snapshot is
+//! installed as if the leader had sent it, and the vote is set to the snapshot's term, so
+//! the restored fleet elects its next leader in a later term than any entry the snapshot
+//! covers (a leader of an earlier term would append entries that sort below the ones
+//! already applied). Every node of the fleet is restored from the same file; the file's
+//! membership is the restored fleet's, so each node must keep its id and addresses.
+
+use std::io::{Cursor, Write};
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context};
+use openraft::storage::{RaftLogStorage, RaftStateMachine};
+
+use crate::cli::AdminTarget;
+use crate::config::NodeConfig;
+use crate::pb::internal::SaveSnapshotRequest;
+use crate::raft::faults::Faults;
+use crate::raft::log_store::LogStore;
+use crate::raft::snapshot::{self, SnapshotBody};
+use crate::raft::state_machine::{members, StateMachineStore};
+use crate::raft::{LogId, NodeId, SnapshotMeta};
+use crate::storage::sled_disk::SledDisk;
+
+/// The largest snapshot a backup takes, as the largest a node installs from a peer.
+const SNAPSHOT_FILE_BYTES_MAX: u64 = crate::raft::service::SNAPSHOT_BYTES_MAX;
+/// The sled cache of the short-lived store `restore` writes into.
+const RESTORE_SLED_CACHE_BYTES: u64 = 8 * 1024 * 1024;
+
+/// What a snapshot file holds, for the operator to check.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Summary {
+    /// The last log index the snapshot covers.
+    pub index: u64,
+    /// The term of that entry.
+    pub term: u64,
+    pub buckets: usize,
+    pub claims: usize,
+    /// The members it names: (id, voter).
+    pub members: Vec<(u64, bool)>,
+    pub size_bytes: u64,
+}
+
+impl std::fmt::Display for Summary {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let members: Vec<String> = self
+            .members
+            .iter()
+            .map(|(id, voter)| {
+                if *voter {
+                    id.to_string()
+                } else {
+                    format!("{id} (learner)")
+                }
+            })
+            .collect();
+        write!(
+            f,
+            "log index {} (term {}), {} buckets, {} claims, members {}, {} bytes",
+            self.index,
+            self.term,
+            self.buckets,
+            self.claims,
+            members.join(", "),
+            self.size_bytes
+        )
+    }
+}
+
+fn summary(body: &SnapshotBody, size_bytes: u64) -> Summary {
+    Summary {
+        index: body.last_applied.map_or(0, |log_id| log_id.index),
+        term: body.last_applied.map_or(0, |log_id| log_id.leader_id.term),
+        buckets: body.image.buckets.len(),
+        claims: body.image.claims.len(),
+        members: members(&body.membership)
+            .into_iter()
+            .map(|(id, _, voter)| (id, voter))
+            .collect(),
+        size_bytes,
+    }
+}
+
+/// Takes a backup through `target` (a follower forwards to the leader) and writes it to
+/// `file`: first to `FILE.partial`, fsynced, then renamed over `file`, so a file by that
+/// name is always a whole snapshot.
+///
+/// # Errors
+/// When the node cannot be reached or refuses, the snapshot it sends fails its checks, or
+/// the file cannot be written.
+pub async fn save(target: &AdminTarget, file: &Path) -> anyhow::Result<Summary> {
+    let mut admin = target.connect().await?;
+    let mut chunks = admin
+        .save_snapshot(SaveSnapshotRequest {
+            cluster_id: target.cluster_id()?,
+        })
+        .await
+        .context("asking for a snapshot")?
+        .into_inner();
+    let mut data = Vec::new();
+    while let Some(chunk) = chunks.message().await.context("receiving the snapshot")? {
+        if (data.len() + chunk.data.len()) as u64 > SNAPSHOT_FILE_BYTES_MAX {
+            bail!("the snapshot is over {SNAPSHOT_FILE_BYTES_MAX} bytes; not saved");
+        }
+        data.extend_from_slice(&chunk.data);
+    }
+    let body = snapshot::decode(&data).context("the snapshot the node sent")?;
+    let summary = summary(&body, data.len() as u64);
+    write_durably(file, &data)?;
+    Ok(summary)
+}
+
+/// Writes `data` to `file` through `FILE.partial`: written, fsynced, renamed, and the
+/// directory fsynced, so the name reaches the disk with the whole content behind it.
+fn write_durably(file: &Path, data: &[u8]) -> anyhow::Result<()> {
+    let partial = with_suffix(file, ".partial");
+    let written = std::fs::File::create(&partial)
+        .and_then(|mut out| {
+            out.write_all(data)?;
+            out.sync_all()
+        })
+        .with_context(|| format!("writing {}", partial.display()));
+    if let Err(e) = written {
+        let _ = std::fs::remove_file(&partial);
+        return Err(e);
+    }
+    std::fs::rename(&partial, file)
+        .with_context(|| format!("renaming {} to {}", partial.display(), file.display()))?;
+    sync_dir(&parent_of(file))
+}
+
+fn with_suffix(path: &Path, suffix: &str) -> PathBuf {
+    let mut name = path.as_os_str().to_owned();
+    name.push(suffix);
+    PathBuf::from(name)
+}
+
+fn parent_of(path: &Path) -> PathBuf {
+    match path.parent() {
+        Some(parent) if !parent.as_os_str().is_empty() => parent.to_path_buf(),
+        _ => PathBuf::from("."),
+    }
+}
+
+fn sync_dir(dir: &Path) -> anyhow::Result<()> {
+    std::fs::File::open(dir)
+        .and_then(|dir| dir.sync_all())
+        .with_context(|| format!("syncing directory {}", dir.display()))
+}
+
+/// Reads and checks a snapshot file: its size, header, checksum and body; the error names
+/// the file and what is wrong.
+///
+/// # Errors
+/// When the file cannot be read or is not a whole, intact snapshot.
+pub fn read_file(file: &Path) -> anyhow::Result<(Vec<u8>, SnapshotBody)> {
+    let size = std::fs::metadata(file)
+        .with_context(|| format!("reading {}", file.display()))?
+        .len();
+    if size > SNAPSHOT_FILE_BYTES_MAX {
+        bail!(
+            "{}: {size} bytes is over the {SNAPSHOT_FILE_BYTES_MAX} a snapshot may have",
+            file.display()
+        );
+    }
+    let data = std::fs::read(file).with_context(|| format!("reading {}", file.display()))?;
+    let body = snapshot::decode(&data).with_context(|| format!("{}", file.display()))?;
+    Ok((data, body))
+}
+
+/// Seeds the empty data dir of the node `config` describes from the snapshot in `file`.
+/// The node then starts with the snapshot's state and membership and replays nothing.
+///
+/// The data dir is built beside its final place (`DATA_DIR.restoring`) and renamed into
+/// place once whole, so a restore cut short leaves no half-seeded data dir behind.
+///
+/// # Errors
+/// When the file is not an intact snapshot, covers no entry, does not list this node with
+/// the config's addresses, the data dir holds anything, or a store cannot be written.
+pub async fn restore(config: &NodeConfig, file: &Path) -> anyhow::Result<Summary> {
+    let (data, body) = read_file(file)?;
+    let Some(last) = body.last_applied else {
+        bail!("{}: the snapshot covers no log entry", file.display());
+    };
+    check_member(config, &body, file)?;
+    let data_dir = &config.data_dir;
+    ensure_empty(data_dir)?;
+    let staging = with_suffix(data_dir, ".restoring");
+    if staging.exists() {
+        // Only an earlier restore, cut short, makes this name.
+        std::fs::remove_dir_all(&staging)
+            .with_context(|| format!("removing the unfinished {}", staging.display()))?;
+    }
+    std::fs::create_dir_all(&staging).with_context(|| format!("creating {}", staging.display()))?;
+    let summary = summary(&body, data.len() as u64);
+    let meta = SnapshotMeta {
+        last_log_id: Some(last),
+        last_membership: body.membership,
+        snapshot_id: format!("restored-{}-{}", last.leader_id, last.index),
+    };
+    seed(&staging, config.node_id, &meta, data).await?;
+    sync_dir(&staging)?;
+    if data_dir.exists() {
+        // Empty (checked above): the rename needs the name free.
+        std::fs::remove_dir(data_dir)
+            .with_context(|| format!("replacing the empty {}", data_dir.display()))?;
+    }
+    std::fs::rename(&staging, data_dir)
+        .with_context(|| format!("renaming {} to {}", staging.display(), data_dir.display()))?;
+    sync_dir(&parent_of(data_dir))?;
+    Ok(summary)
+}
+
+/// The file must list this node, with the addresses its config gives it: the other nodes
+/// reach it at the addresses the membership names.
+fn check_member(config: &NodeConfig, body: &SnapshotBody, file: &Path) -> anyhow::Result<()> {
+    let listed = members(&body.membership);
+    let Some((_, node, _)) = listed.iter().find(|(id, _, _)| *id == config.node_id) else {
+        let ids: Vec<String> = listed.iter().map(|(id, _, _)| id.to_string()).collect();
+        bail!(
+            "node_id: {} is not a member in {} (its members are {}); restore each member \
+             from the file with its own config",
+            config.node_id,
+            file.display(),
+            ids.join(", ")
+        );
+    };
+    for (field, config_addr, listed_addr) in [
+        ("api_addr", config.api_addr.to_string(), &node.api_addr),
+        ("raft_addr", config.raft_addr.to_string(), &node.raft_addr),
+    ] {
+        if &config_addr != listed_addr {
+            bail!(
+                "{field}: the config says {config_addr}, but {} lists node {} at {listed_addr}; \
+                 the restored fleet's members are the file's",
+                file.display(),
+                config.node_id
+            );
+        }
+    }
+    Ok(())
+}
+
+fn ensure_empty(data_dir: &Path) -> anyhow::Result<()> {
+    let mut entries = match std::fs::read_dir(data_dir) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(e).with_context(|| format!("reading {}", data_dir.display())),
+    };
+    if let Some(entry) = entries.next() {
+        let entry = entry.with_context(|| format!("reading {}", data_dir.display()))?;
+        bail!(
+            "data_dir: {} is not empty (it holds {}); restore seeds an empty data dir only: \
+             stop the node and move the old one away first",
+            data_dir.display(),
+            entry.file_name().to_string_lossy()
+        );
+    }
+    Ok(())
+}
+
+/// Writes the stores of node `node_id` in `dir`: the snapshot installed in `state.sled`
+/// and, in the log store, a vote in the term of the snapshot's last entry.
+async fn seed(
+    dir: &Path,
+    node_id: NodeId,
+    meta: &SnapshotMeta,
+    data: Vec<u8>,
+) -> anyhow::Result<()> {
+    let term = meta
+        .last_log_id
+        .map_or(0, |log_id: LogId| log_id.leader_id.term);
+    let log_path = dir.join(crate::server::RAFT_LOG_FILE);
+    let mut log = LogStore::open(&log_path, node_id, Faults::new(false))
+        .with_context(|| format!("creating {}", log_path.display()))?;
+    let sled_path = dir.join(crate::server::STATE_SLED_DIR);
+    let disk = SledDisk::open(&sled_path, RESTORE_SLED_CACHE_BYTES)
+        .with_context(|| format!("creating {}", sled_path.display()))?;
+    let mut state = StateMachineStore::open(&disk, log.durable(), None)
+        .with_context(|| format!("opening {}", sled_path.display()))?;
+    state
+        .install_snapshot(meta, Box::new(Cursor::new(data)))
+        .await
+        .with_context(|| format!("writing the snapshot into {}", sled_path.display()))?;
+    log.save_vote(&openraft::Vote::new(term, node_id))
+        .await
+        .with_context(|| format!("writing the vote into {}", log_path.display()))?;
+    drop(state);
+    drop(log);
+    disk.flush_to_disk()
+        .with_context(|| format!("syncing {}", sled_path.display()))?;
+    Ok(())
+}
