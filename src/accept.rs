@@ -1,5 +1,6 @@
 //! Accepted connections of both servers, before tonic sees them: Nagle's algorithm off, TCP
-//! keepalive on, a cap on connections open at once, and an idle timeout.
+//! keepalive on, a cap on connections open at once, and an idle timeout. Connections to the
+//! edge's Unix socket (`api_socket`) get the cap and the idle timeout.
 //!
 //! `Server::tcp_nodelay` and tonic's TCP keepalive only apply to listeners tonic binds
 //! itself, so a node that binds its own (to learn port 0's port first) sets them here. This
@@ -9,18 +10,19 @@ use std::collections::HashMap;
 use std::future::Future;
 use std::io;
 use std::net::IpAddr;
+use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::{Instant, Sleep};
-use tokio_stream::wrappers::TcpListenerStream;
+use tokio_stream::wrappers::{TcpListenerStream, UnixListenerStream};
 use tokio_stream::{Stream, StreamExt};
-use tonic::transport::server::{Connected, TcpConnectInfo};
+use tonic::transport::server::Connected;
 
 use crate::limits::{TCP_KEEPALIVE, TCP_KEEPALIVE_INTERVAL, TCP_KEEPALIVE_RETRIES};
 use crate::lock::lock;
@@ -43,7 +45,7 @@ pub struct ConnectionLimits {
 pub fn incoming(
     listener: TcpListener,
     limits: ConnectionLimits,
-) -> impl Stream<Item = io::Result<Guarded>> {
+) -> impl Stream<Item = io::Result<Guarded<TcpStream>>> {
     let open = Arc::new(Semaphore::new(limits.connections_max));
     let sources: Sources = Arc::default();
     TcpListenerStream::new(listener).filter_map(move |accepted| {
@@ -63,10 +65,90 @@ pub fn incoming(
             return None;
         };
         match configure(&stream) {
-            Ok(()) => Some(Ok(Guarded::new(stream, limits.idle_timeout, (permit, place)))),
+            Ok(()) => Some(Ok(Guarded::new(stream, limits.idle_timeout, permit, Some(place)))),
             Err(e) => Some(Err(e)),
         }
     })
+}
+
+/// The connections a Unix socket `listener` accepts, within `limits` (every one comes from
+/// this host: there is no source to count by).
+pub fn incoming_unix(
+    listener: UnixListener,
+    limits: ConnectionLimits,
+) -> impl Stream<Item = io::Result<Guarded<UnixStream>>> {
+    let open = Arc::new(Semaphore::new(limits.connections_max));
+    UnixListenerStream::new(listener).filter_map(move |accepted| {
+        let stream = match accepted {
+            Ok(stream) => stream,
+            Err(e) => return Some(Err(e)),
+        };
+        let Ok(permit) = Arc::clone(&open).try_acquire_owned() else {
+            metrics::counter!("ankusa_connections_refused_total").increment(1);
+            tracing::debug!(
+                max = limits.connections_max,
+                "connection refused: too many open"
+            );
+            return None;
+        };
+        Some(Ok(Guarded::new(stream, limits.idle_timeout, permit, None)))
+    })
+}
+
+/// A bound Unix socket and its file, removed when the socket is dropped (when its server
+/// stops).
+pub struct UnixSocket {
+    pub path: PathBuf,
+    pub listener: UnixListener,
+}
+
+impl UnixSocket {
+    /// Binds `path`, creating its directory if it is missing. A socket file left by a node
+    /// that is gone (nothing accepts on it) is replaced; a live one, or a file that is not
+    /// a socket, is an error. The file is made `0660`: the node's user and group connect.
+    ///
+    /// # Errors
+    /// When the directory cannot be made, the path is taken, or the bind fails.
+    pub fn bind(path: &Path) -> io::Result<Self> {
+        use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+        if let Some(dir) = path.parent().filter(|dir| !dir.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir)?;
+        }
+        match std::fs::symlink_metadata(path) {
+            Ok(meta) if !meta.file_type().is_socket() => {
+                return Err(io::Error::new(
+                    io::ErrorKind::AlreadyExists,
+                    "the path exists and is not a socket",
+                ))
+            }
+            Ok(_) => {
+                if std::os::unix::net::UnixStream::connect(path).is_ok() {
+                    return Err(io::Error::new(
+                        io::ErrorKind::AddrInUse,
+                        "another process accepts on this socket",
+                    ));
+                }
+                std::fs::remove_file(path)?;
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e),
+        }
+        let listener = UnixListener::bind(path)?;
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o660))?;
+        Ok(Self {
+            path: path.to_path_buf(),
+            listener,
+        })
+    }
+}
+
+/// Removes the socket file once its server is done with it, so no stale file is left.
+pub struct SocketFile(pub PathBuf);
+
+impl Drop for SocketFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
 }
 
 /// Connections open per source address.
@@ -117,21 +199,23 @@ fn configure(stream: &TcpStream) -> io::Result<()> {
     socket2::SockRef::from(stream).set_tcp_keepalive(&keepalive)
 }
 
-/// An accepted connection that holds its place under the cap and times out when idle.
-pub struct Guarded {
-    stream: TcpStream,
+/// An accepted connection that holds its place under the cap (and under its source's, for
+/// TCP) and times out when idle.
+pub struct Guarded<S> {
+    stream: S,
     idle_timeout: Duration,
     /// When the idle timer fires next; pushed back lazily (reads only note their time).
     deadline: Pin<Box<Sleep>>,
     last_read: Instant,
-    _places: (OwnedSemaphorePermit, SourcePlace),
+    _places: (OwnedSemaphorePermit, Option<SourcePlace>),
 }
 
-impl Guarded {
+impl<S> Guarded<S> {
     fn new(
-        stream: TcpStream,
+        stream: S,
         idle_timeout: Duration,
-        places: (OwnedSemaphorePermit, SourcePlace),
+        permit: OwnedSemaphorePermit,
+        place: Option<SourcePlace>,
     ) -> Self {
         let now = Instant::now();
         Self {
@@ -139,7 +223,7 @@ impl Guarded {
             idle_timeout,
             deadline: Box::pin(tokio::time::sleep_until(now + idle_timeout)),
             last_read: now,
-            _places: places,
+            _places: (permit, place),
         }
     }
 
@@ -159,7 +243,7 @@ impl Guarded {
     }
 }
 
-impl AsyncRead for Guarded {
+impl<S: AsyncRead + Unpin> AsyncRead for Guarded<S> {
     fn poll_read(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -182,7 +266,7 @@ impl AsyncRead for Guarded {
     }
 }
 
-impl AsyncWrite for Guarded {
+impl<S: AsyncWrite + Unpin> AsyncWrite for Guarded<S> {
     fn poll_write(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -212,8 +296,8 @@ impl AsyncWrite for Guarded {
     }
 }
 
-impl Connected for Guarded {
-    type ConnectInfo = TcpConnectInfo;
+impl<S: Connected> Connected for Guarded<S> {
+    type ConnectInfo = S::ConnectInfo;
 
     fn connect_info(&self) -> Self::ConnectInfo {
         self.stream.connect_info()
@@ -228,7 +312,10 @@ mod tests {
 
     async fn listen(
         limits: ConnectionLimits,
-    ) -> (std::net::SocketAddr, tokio::sync::mpsc::Receiver<Guarded>) {
+    ) -> (
+        std::net::SocketAddr,
+        tokio::sync::mpsc::Receiver<Guarded<TcpStream>>,
+    ) {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let addr = listener.local_addr().expect("addr");
         let (accepted, rx) = tokio::sync::mpsc::channel(8);

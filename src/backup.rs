@@ -19,7 +19,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context};
 use openraft::storage::{RaftLogStorage, RaftStateMachine};
 
-use crate::cli::AdminTarget;
+use crate::cli::{AdminTarget, Credentials};
 use crate::config::NodeConfig;
 use crate::pb::internal::SaveSnapshotRequest;
 use crate::raft::faults::Faults;
@@ -33,6 +33,57 @@ use crate::storage::sled_disk::SledDisk;
 const SNAPSHOT_FILE_BYTES_MAX: u64 = crate::raft::service::SNAPSHOT_BYTES_MAX;
 /// The sled cache of the short-lived store `restore` writes into.
 const RESTORE_SLED_CACHE_BYTES: u64 = 8 * 1024 * 1024;
+
+/// Where `snapshot save` reaches the fleet: a node's `api_addr` (its `raft_addr` is read
+/// from its `Status`), its `raft_addr`, or its config; and the fleet certificate to call
+/// `Admin` there with.
+#[derive(Debug, clap::Args)]
+pub struct SaveTarget {
+    /// A node's api_addr: its raft_addr is looked up in its Status (plaintext: a node with
+    /// [api_tls] is named by --raft-addr or --config).
+    #[arg(long, conflicts_with = "raft_addr")]
+    pub addr: Option<String>,
+    /// A node's raft_addr (default: that of --config's node).
+    #[arg(long)]
+    pub raft_addr: Option<String>,
+    #[command(flatten)]
+    pub credentials: Credentials,
+}
+
+impl SaveTarget {
+    /// The `Admin` target: `--raft-addr`, or the raft_addr `--addr`'s node lists for
+    /// itself, or `--config`'s.
+    ///
+    /// # Errors
+    /// When `--addr`'s node cannot be reached or does not list itself as a member.
+    pub async fn admin(&self) -> anyhow::Result<AdminTarget> {
+        let raft_addr = match (&self.raft_addr, &self.addr) {
+            (Some(raft_addr), _) => Some(raft_addr.clone()),
+            (None, Some(api_addr)) => Some(raft_addr_of(api_addr).await?),
+            (None, None) => None,
+        };
+        Ok(AdminTarget {
+            addr: raft_addr,
+            credentials: self.credentials.clone(),
+        })
+    }
+}
+
+/// The raft_addr the node at `api_addr` lists for itself.
+async fn raft_addr_of(api_addr: &str) -> anyhow::Result<String> {
+    let status = crate::cli::status(api_addr).await?;
+    status
+        .members
+        .iter()
+        .find(|member| member.id == status.node_id)
+        .map(|member| member.raft_addr.clone())
+        .with_context(|| {
+            format!(
+                "--addr {api_addr}: node {} is not a member of a fleet yet (its Status lists no                  raft_addr for it)",
+                status.node_id
+            )
+        })
+}
 
 /// What a snapshot file holds, for the operator to check.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -95,7 +146,8 @@ fn summary(body: &SnapshotBody, size_bytes: u64) -> Summary {
 /// # Errors
 /// When the node cannot be reached or refuses, the snapshot it sends fails its checks, or
 /// the file cannot be written.
-pub async fn save(target: &AdminTarget, file: &Path) -> anyhow::Result<Summary> {
+pub async fn save(target: &SaveTarget, file: &Path) -> anyhow::Result<Summary> {
+    let target = target.admin().await?;
     let mut admin = target.connect().await?;
     let mut chunks = admin
         .save_snapshot(SaveSnapshotRequest {

@@ -26,11 +26,19 @@ const LOCAL_3: [&str; 3] = [
 const LEADER_WAIT: Duration = Duration::from_secs(30);
 
 /// Where a `cluster` command connects and with which certificate.
-#[derive(Debug, clap::Args)]
+#[derive(Debug, Clone, Default, clap::Args)]
 pub struct AdminTarget {
     /// A node's `raft_addr` (default: that of `--config`'s node).
     #[arg(long)]
     pub addr: Option<String>,
+    #[command(flatten)]
+    pub credentials: Credentials,
+}
+
+/// The fleet certificate an `Admin` call presents, from files or from a node's config, and
+/// the fleet it names.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct Credentials {
     /// Use this node's `raft_addr` and `[peer_tls]` certificate.
     #[arg(long)]
     pub config: Option<PathBuf>,
@@ -57,10 +65,11 @@ impl AdminTarget {
     /// # Errors
     /// When `--config` cannot be read.
     pub fn cluster_id(&self) -> anyhow::Result<String> {
-        if let Some(cluster_id) = &self.cluster_id {
+        let credentials = &self.credentials;
+        if let Some(cluster_id) = &credentials.cluster_id {
             return Ok(cluster_id.clone());
         }
-        Ok(match &self.config {
+        Ok(match &credentials.config {
             Some(path) => NodeConfig::load(path)?.cluster_id,
             None => crate::config::Defaults::CLUSTER_ID.to_owned(),
         })
@@ -72,13 +81,23 @@ impl AdminTarget {
     /// # Errors
     /// When no address is given, a file cannot be used, or the node cannot be reached.
     pub async fn connect(&self) -> anyhow::Result<AdminClient<tonic::transport::Channel>> {
-        let config = self.config.as_deref().map(NodeConfig::load).transpose()?;
+        let credentials = &self.credentials;
+        let config = credentials
+            .config
+            .as_deref()
+            .map(NodeConfig::load)
+            .transpose()?;
         let addr = match (&self.addr, &config) {
             (Some(addr), _) => addr.clone(),
             (None, Some(config)) => config.raft_addr.to_string(),
             (None, None) => bail!("give --addr RAFT_ADDR or --config NODE.toml"),
         };
-        let tls = match (&self.ca, &self.cert, &self.key, &config) {
+        let tls = match (
+            &credentials.ca,
+            &credentials.cert,
+            &credentials.key,
+            &config,
+        ) {
             (Some(ca), Some(cert), Some(key), _) => {
                 Some(crate::tls::client_from_files(ca, Some((cert, key)))?)
             }

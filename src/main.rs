@@ -83,11 +83,12 @@ enum Cmd {
 
 #[derive(Subcommand)]
 enum SnapshotCmd {
-    /// Write a snapshot covering everything the fleet answered before the call, taken on
-    /// the leader through any node's raft_addr (with a fleet certificate), to FILE.
+    /// Write a snapshot covering everything the fleet answered before the call to FILE,
+    /// taken on the leader through any node (its Admin service on raft_addr, with a fleet
+    /// certificate).
     Save {
         #[command(flatten)]
-        target: cli::AdminTarget,
+        target: ankusa_fleet::backup::SaveTarget,
         file: PathBuf,
     },
     /// Seed the empty data dir of the node NODE.toml describes from FILE (every member is

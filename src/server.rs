@@ -13,7 +13,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tonic::transport::Server;
 
-use crate::accept::{incoming, ConnectionLimits};
+use crate::accept::{incoming, incoming_unix, ConnectionLimits, SocketFile, UnixSocket};
 use crate::api::admin::AdminService;
 use crate::api::drain::DrainGate;
 use crate::api::validate::RequestDefaults;
@@ -85,10 +85,12 @@ pub enum StartError {
     RateLimits(#[from] crate::envoy::limits::LimitsError),
 }
 
-/// The two listening sockets of a node (bound before start, so tests can use port 0).
+/// The listening sockets of a node (bound before start, so tests can use port 0).
 pub struct Listeners {
     pub api: TcpListener,
     pub raft: TcpListener,
+    /// `api_socket`, when configured.
+    pub api_socket: Option<UnixSocket>,
 }
 
 impl Listeners {
@@ -105,9 +107,20 @@ impl Listeners {
                     source,
                 })
         };
+        let api_socket = config
+            .api_socket
+            .as_deref()
+            .map(|path| {
+                UnixSocket::bind(path).map_err(|source| StartError::Bind {
+                    addr: format!("api_socket {}", path.display()),
+                    source,
+                })
+            })
+            .transpose()?;
         Ok(Self {
             api: bind(config.api_addr).await?,
             raft: bind(config.raft_addr).await?,
+            api_socket,
         })
     }
 }
@@ -333,7 +346,7 @@ pub async fn start(config: NodeConfig, listeners: Listeners) -> Result<RunningNo
             ),
             health_service,
             api_tls.as_ref(),
-            listeners.api,
+            (listeners.api, listeners.api_socket),
             stopped.clone(),
         )?),
         tokio::spawn(policy::run(
@@ -454,10 +467,16 @@ fn serve_peers(
         per_source_max: limits::PEER_CONNECTIONS_PER_SOURCE_MAX,
         idle_timeout: limits::PEER_IDLE_TIMEOUT,
     };
-    Ok(serve(router, listener, connections, stopped, "raft"))
+    Ok(serve(
+        router,
+        incoming(listener, connections),
+        stopped,
+        "raft",
+    ))
 }
 
-/// `api_addr`: `Fleet` and health for the edge, TLS only under `[api_tls]`.
+/// `api_addr`: `Fleet` and health for the edge, TLS only under `[api_tls]`; and the same
+/// services on `api_socket`, without TLS, when it is configured.
 fn serve_api(
     fleet: FleetService,
     envoy: EnvoyService,
@@ -465,31 +484,60 @@ fn serve_api(
         impl tonic_health::pb::health_server::Health,
     >,
     tls: Option<&ApiTls>,
-    listener: TcpListener,
+    (listener, socket): (TcpListener, Option<UnixSocket>),
     stopped: watch::Receiver<bool>,
 ) -> Result<impl std::future::Future<Output = ()> + Send + 'static, StartError> {
     let fleet = pb::fleet_server::FleetServer::new(fleet)
         .max_decoding_message_size(limits::API_MESSAGE_BYTES_MAX);
-    let mut builder = server_builder(
-        tls.map(ApiTls::server),
-        limits::API_STREAMS_PER_CONNECTION_MAX,
-        limits::API_CALLS_PER_CONNECTION_MAX,
-    )?;
     let envoy =
         RateLimitServiceServer::new(envoy).max_decoding_message_size(limits::API_MESSAGE_BYTES_MAX);
-    let router = builder
-        .add_service(health)
-        .add_service(fleet)
-        .add_service(envoy)
-        .add_service(reflection::v1()?)
-        .add_service(reflection::v1alpha()?);
+    let router = |tls: Option<tonic::transport::ServerTlsConfig>| {
+        Ok::<_, StartError>(
+            server_builder(
+                tls,
+                limits::API_STREAMS_PER_CONNECTION_MAX,
+                limits::API_CALLS_PER_CONNECTION_MAX,
+            )?
+            .add_service(health.clone())
+            .add_service(fleet.clone())
+            .add_service(envoy.clone())
+            .add_service(reflection::v1()?)
+            .add_service(reflection::v1alpha()?),
+        )
+    };
     let connections = ConnectionLimits {
         connections_max: limits::API_CONNECTIONS_MAX,
         // The edge is on this host: every connection comes from one address.
         per_source_max: limits::API_CONNECTIONS_MAX,
         idle_timeout: limits::API_IDLE_TIMEOUT,
     };
-    Ok(serve(router, listener, connections, stopped, "api"))
+    let tcp = serve(
+        router(tls.map(ApiTls::server))?,
+        incoming(listener, connections),
+        stopped.clone(),
+        "api",
+    );
+    let unix = match socket {
+        Some(UnixSocket { path, listener }) => {
+            let served = serve(
+                router(None)?,
+                incoming_unix(listener, connections),
+                stopped,
+                "api_socket",
+            );
+            Some(async move {
+                let _removed_after = SocketFile(path);
+                served.await;
+            })
+        }
+        None => None,
+    };
+    Ok(async move {
+        match unix {
+            Some(unix) => drop(tokio::join!(tcp, unix)),
+            None => tcp.await,
+        }
+    })
 }
 
 /// gRPC reflection on `api_addr`, so grpcurl and other reflection clients need no proto
@@ -527,17 +575,22 @@ mod reflection {
     }
 }
 
-/// Serves `router` on the connections `listener` accepts within `connections`, until
-/// `stopped`.
-async fn serve(
+/// Serves `router` on the connections `incoming` yields, until `stopped`.
+async fn serve<IO>(
     router: tonic::transport::server::Router,
-    listener: TcpListener,
-    connections: ConnectionLimits,
+    incoming: impl futures::Stream<Item = std::io::Result<IO>> + Send + 'static,
     stopped: watch::Receiver<bool>,
     server: &'static str,
-) {
+) where
+    IO: tokio::io::AsyncRead
+        + tokio::io::AsyncWrite
+        + tonic::transport::server::Connected
+        + Unpin
+        + Send
+        + 'static,
+{
     let served = router
-        .serve_with_incoming_shutdown(incoming(listener, connections), until_stopped(stopped))
+        .serve_with_incoming_shutdown(incoming, until_stopped(stopped))
         .await;
     if let Err(e) = served {
         tracing::error!(error = %e, server, "server stopped");

@@ -51,9 +51,10 @@ fn text(output: &Output) -> String {
     )
 }
 
-/// `snapshot save` through node `via`'s raft_addr with the fleet's admin certificate.
+/// `snapshot save --addr API_ADDR` through node `via` with the fleet's admin certificate
+/// (the command finds the node's raft_addr in its Status).
 fn save(fleet: &Fleet, via: u64, file: &Path) -> Output {
-    let raft_addr = fleet.nodes[&via].spec.raft_addr.clone();
+    let api_addr = fleet.api_addr(via);
     let (ca, cert, key) = (
         fleet.cert_file("ca.pem"),
         fleet.cert_file("admin.pem"),
@@ -62,7 +63,7 @@ fn save(fleet: &Fleet, via: u64, file: &Path) -> Output {
     snapshot_command(&[
         "save".as_ref(),
         "--addr".as_ref(),
-        raft_addr.as_ref(),
+        api_addr.as_ref(),
         "--ca".as_ref(),
         ca.as_os_str(),
         "--cert".as_ref(),

@@ -128,11 +128,10 @@ async fn peer_tls_admits_only_fleet_certificates_and_admin_is_not_on_the_edge_po
     assert_eq!(status.members.len(), 3);
     let by_config = cli::AdminTarget {
         addr: None,
-        config: Some(fleet.nodes[&1].config_path.clone()),
-        ca: None,
-        cert: None,
-        key: None,
-        cluster_id: None,
+        credentials: cli::Credentials {
+            config: Some(fleet.nodes[&1].config_path.clone()),
+            ..cli::Credentials::default()
+        },
     };
     let status = cli::cluster_status(&by_config)
         .await
@@ -140,16 +139,16 @@ async fn peer_tls_admits_only_fleet_certificates_and_admin_is_not_on_the_edge_po
     assert_eq!(status.node_id, 1);
     let mut plaintext_target = fleet.admin_target(leader);
     (
-        plaintext_target.ca,
-        plaintext_target.cert,
-        plaintext_target.key,
+        plaintext_target.credentials.ca,
+        plaintext_target.credentials.cert,
+        plaintext_target.credentials.key,
     ) = (None, None, None);
     assert!(
         cli::cluster_status(&plaintext_target).await.is_err(),
         "Admin answered a plaintext caller on raft_addr"
     );
     let mut other_fleet = fleet.admin_target(leader);
-    other_fleet.cluster_id = Some("another-fleet".to_owned());
+    other_fleet.credentials.cluster_id = Some("another-fleet".to_owned());
     let refused = cli::cluster_status(&other_fleet)
         .await
         .expect_err("Admin answered a call for another cluster");

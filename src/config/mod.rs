@@ -52,6 +52,9 @@ pub struct ConfigFile {
     /// Log entries kept behind a snapshot, so a briefly lagging follower needs no snapshot.
     pub snapshot_logs_kept: Option<u64>,
     pub metrics_addr: Option<String>,
+    /// A Unix socket serving the same API as `api_addr`, without TLS, for an edge on this
+    /// host (e.g. `/run/ankusa-fleet/api.sock`).
+    pub api_socket: Option<PathBuf>,
     /// `text` (the default) or `json`: one JSON object per line.
     pub log_format: Option<LogFormat>,
     /// Limits for Envoy's rate limit service, in envoyproxy/ratelimit's YAML format.
@@ -198,6 +201,25 @@ fn invalid(field: impl Into<String>, reason: impl Into<String>) -> ConfigError {
     }
 }
 
+/// The longest path a Unix socket address holds (`sun_path` is 108 bytes on Linux, one of
+/// them the terminating NUL).
+const SOCKET_PATH_BYTES_MAX: usize = 107;
+
+/// A socket path must be a file name that fits in a socket address.
+fn check_socket_path(field: &str, path: PathBuf) -> Result<PathBuf, ConfigError> {
+    let len = path.as_os_str().len();
+    if len == 0 || path.file_name().is_none() {
+        return Err(invalid(field, "must name a socket file"));
+    }
+    if len > SOCKET_PATH_BYTES_MAX {
+        return Err(invalid(
+            field,
+            format!("{len} bytes is over the {SOCKET_PATH_BYTES_MAX} a Unix socket path may have"),
+        ));
+    }
+    Ok(path)
+}
+
 /// A validated node configuration.
 #[derive(Clone, Debug)]
 pub struct NodeConfig {
@@ -228,6 +250,8 @@ pub struct NodeConfig {
     pub snapshot_log_percent: u64,
     pub snapshot_logs_kept: u64,
     pub metrics_addr: Option<SocketAddr>,
+    /// The edge API on a Unix socket too (no TLS: only who may open the file connects).
+    pub api_socket: Option<PathBuf>,
     pub log_format: LogFormat,
     pub rate_limits_file: Option<PathBuf>,
     pub fallback_budget: FallbackBudget,
@@ -420,6 +444,10 @@ impl NodeConfig {
                 .as_deref()
                 .map(|a| parse_addr("metrics_addr", a))
                 .transpose()?,
+            api_socket: file
+                .api_socket
+                .map(|path| check_socket_path("api_socket", path))
+                .transpose()?,
             log_format: file.log_format.unwrap_or_default(),
             rate_limits_file: file.rate_limits_file,
         })
@@ -537,6 +565,33 @@ raft_addr = "127.0.0.1:7201"
             .expect_err("refused")
             .to_string();
         assert!(err.contains("log_format"), "{err}");
+    }
+
+    /// `api_socket` is optional; a path no socket address can hold is refused by name.
+    #[test]
+    fn api_socket_must_fit_a_socket_address() {
+        assert_eq!(
+            NodeConfig::from_toml(MINIMAL).expect("valid").api_socket,
+            None
+        );
+        let with = |value: &str| {
+            MINIMAL.replace(
+                "data_dir = \"data/node1\"\n",
+                &format!("data_dir = \"data/node1\"\napi_socket = {value:?}\n"),
+            )
+        };
+        let config = NodeConfig::from_toml(&with("/run/ankusa-fleet/api.sock")).expect("valid");
+        assert_eq!(
+            config.api_socket.as_deref(),
+            Some(std::path::Path::new("/run/ankusa-fleet/api.sock"))
+        );
+        let long = format!("/run/{}.sock", "a".repeat(SOCKET_PATH_BYTES_MAX));
+        for bad in ["", "/", long.as_str()] {
+            let err = NodeConfig::from_toml(&with(bad))
+                .expect_err("refused")
+                .to_string();
+            assert!(err.contains("`api_socket`"), "{bad:?}: {err}");
+        }
     }
 
     #[test]

@@ -197,11 +197,7 @@ impl Fleet {
     fn admin_target(&self, id: u64) -> AdminTarget {
         AdminTarget {
             addr: Some(self.nodes[&id].raft_addr.clone()),
-            config: None,
-            ca: None,
-            cert: None,
-            key: None,
-            cluster_id: None,
+            ..AdminTarget::default()
         }
     }
 

@@ -74,11 +74,13 @@ impl Fleet {
         let file = |name: &str| self.certs.as_ref().map(|dir| dir.join(name));
         ankusa_fleet::cli::AdminTarget {
             addr: Some(self.nodes[&id].spec.raft_addr.clone()),
-            config: None,
-            ca: file("ca.pem"),
-            cert: file("admin.pem"),
-            key: file("admin.key"),
-            cluster_id: None,
+            credentials: ankusa_fleet::cli::Credentials {
+                config: None,
+                ca: file("ca.pem"),
+                cert: file("admin.pem"),
+                key: file("admin.key"),
+                cluster_id: None,
+            },
         }
     }
 
