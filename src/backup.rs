@@ -40,7 +40,7 @@ const RESTORE_SLED_CACHE_BYTES: u64 = 8 * 1024 * 1024;
 #[derive(Debug, clap::Args)]
 pub struct SaveTarget {
     /// A node's api_addr: its raft_addr is looked up in its Status (plaintext: a node with
-    /// [api_tls] is named by --raft-addr or --config).
+    /// `[api_tls]` is named by --raft-addr or --config).
     #[arg(long, conflicts_with = "raft_addr")]
     pub addr: Option<String>,
     /// A node's raft_addr (default: that of --config's node).

@@ -183,7 +183,7 @@ impl From<tonic::Status> for Error {
 const WAY_BACK_MAX: Duration = Duration::from_millis(20);
 
 /// The timeout to ask of the node for a call that must be answered within `deadline`:
-/// the deadline less a tenth of it, at most [`WAY_BACK_MAX`], and at least 1 ms.
+/// the deadline less a tenth of it, at most 20 ms, and at least 1 ms.
 pub fn node_timeout_ms(deadline: Duration) -> u32 {
     let asked = deadline.saturating_sub((deadline / 10).min(WAY_BACK_MAX));
     u32::try_from(asked.as_millis()).unwrap_or(u32::MAX).max(1)

@@ -23,7 +23,7 @@ impl Node {
     ///
     /// # Errors
     /// `NotLeader` on a follower (the caller forwards), `Unavailable` when no quorum
-    /// confirms the leader or no snapshot covers the read within [`BACKUP_WAIT`], `Fatal`
+    /// confirms the leader or no snapshot covers the read within a minute, `Fatal`
     /// when the stored snapshot cannot be read.
     pub async fn backup(&self) -> Result<(LogId, Vec<u8>), NodeError> {
         self.ensure_leader()?;
