@@ -536,7 +536,9 @@ mod tests {
         ]);
         ledger.forget_tenant(&TenantId::from("t"));
         let mut left: Vec<(BucketKey, u64)> = ledger
-            .take()
+            .next_round(0, 1)
+            .expect("a round")
+            .charges
             .into_iter()
             .map(|charge| (charge.bucket, charge.increment_us))
             .collect();

@@ -11,8 +11,10 @@
 //!    commit, but it wins over a claim another hook holds pending: this hook is stored,
 //!    contract §7); a release is an ordinary release. A `Conflict` keeps the fleet's holder: counted, logged, and the
 //!    settle leaves the queue.
-//! 3. Then charges: one `Absorb` per bucket with the summed increments, capped at one burst
-//!    window, so locally granted hits spend the fleet budget.
+//! 3. Then charges: one numbered `AbsorbRound` with each bucket's summed increments,
+//!    capped at one burst window, so locally granted hits spend the fleet budget. A round
+//!    without an answer is sent again, unchanged; the fleet applies a node's round number
+//!    once, so a round that committed although its answer was lost is not charged twice.
 //!
 //! Proposals of one step go out together (up to 256 at once) and share log entries.
 //! A step that gets no answer stops the round; everything not yet applied stays queued for
@@ -40,6 +42,8 @@ pub trait Fleet: Send + Sync + 'static {
     fn node_id(&self) -> NodeId;
     fn leader_known(&self) -> bool;
     fn fallback(&self) -> &Fallback;
+    /// The last absorb round of this node's that its replica of the fleet state applied.
+    fn absorbed_round(&self) -> u64;
     /// Commits `command` through the fleet by `deadline`.
     fn propose(
         &self,
@@ -196,20 +200,152 @@ async fn settles<N: Fleet>(node: &N) -> Result<(), N::Error> {
     Ok(())
 }
 
+/// Step 3: one numbered round of the ledger's charges. A round that gets no answer stays
+/// the ledger's round in flight and goes again, the same, next time: it may have committed
+/// all the same, and the fleet applies a round number once.
 async fn charges<N: Fleet>(node: &N) -> Result<(), N::Error> {
-    let charges = node.fallback().ledger.take();
-    if charges.is_empty() {
+    let ledger = &node.fallback().ledger;
+    let Some(round) = ledger.next_round(node.absorbed_round(), wall_clock_us()) else {
         return Ok(());
-    }
-    let absorb = Command::Absorb {
-        charges: charges.clone(),
     };
-    if let Err(e) = node
-        .propose(absorb, Instant::now() + PROPOSAL_TIMEOUT)
-        .await
-    {
-        node.fallback().ledger.record(&charges);
-        return Err(e);
-    }
+    let absorb = Command::AbsorbRound {
+        node: node.node_id(),
+        round: round.round,
+        charges: round.charges,
+    };
+    node.propose(absorb, Instant::now() + PROPOSAL_TIMEOUT)
+        .await?;
+    ledger.confirm(round.round);
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use super::*;
+    use crate::state::{rules, BucketKey, Charge, FleetState, Kind, TenantId};
+
+    /// A fleet whose first proposal commits but whose answer is lost (the caller sees an
+    /// error, as when the deadline passes after the entry was appended); later ones answer.
+    struct LostFirstAnswer {
+        fallback: Fallback,
+        state: Mutex<FleetState>,
+        /// The stamp each proposal was applied at.
+        stamps: Mutex<Vec<u64>>,
+        _dir: tempfile::TempDir,
+    }
+
+    #[derive(Debug)]
+    struct Lost(String);
+
+    impl std::fmt::Display for Lost {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str(&self.0)
+        }
+    }
+
+    impl From<LocalError> for Lost {
+        fn from(e: LocalError) -> Self {
+            Lost(e.to_string())
+        }
+    }
+
+    impl LostFirstAnswer {
+        fn apply(&self, command: Command) -> Result<Answer, Lost> {
+            let now_us = wall_clock_us();
+            let mut state = crate::lock::lock(&self.state);
+            let answer = rules::apply_batch(&mut state, &[command], now_us).remove(0);
+            let mut stamps = crate::lock::lock(&self.stamps);
+            stamps.push(now_us);
+            if stamps.len() == 1 {
+                return Err(Lost("the answer was lost after the commit".to_owned()));
+            }
+            Ok(answer)
+        }
+    }
+
+    impl Fleet for LostFirstAnswer {
+        type Error = Lost;
+
+        fn node_id(&self) -> NodeId {
+            1
+        }
+
+        fn leader_known(&self) -> bool {
+            true
+        }
+
+        fn fallback(&self) -> &Fallback {
+            &self.fallback
+        }
+
+        fn absorbed_round(&self) -> u64 {
+            crate::lock::lock(&self.state).absorbed_round(1)
+        }
+
+        async fn propose(&self, command: Command, _deadline: Instant) -> Result<Answer, Lost> {
+            self.apply(command)
+        }
+
+        async fn propose_hit(
+            &self,
+            command: Command,
+            _deadline: Instant,
+        ) -> Result<HitAnswer, Lost> {
+            match self.apply(command)? {
+                Answer::Hit(answer) => Ok(answer),
+                other => Err(Lost(format!("{other:?} to a hit"))),
+            }
+        }
+    }
+
+    /// Contract §7: local charges are handed over once. The first round commits but its
+    /// answer is lost; the next round sends the same round again, which the fleet does not
+    /// charge a second time.
+    #[tokio::test]
+    async fn a_round_whose_answer_was_lost_is_not_charged_twice() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let disk =
+            crate::storage::sled_disk::SledDisk::open(&dir.path().join("state.sled"), 1 << 20)
+                .expect("sled");
+        let fallback = Fallback::open(dir.path(), &disk, 1, crate::config::FallbackBudget::Full)
+            .expect("fallback");
+        let fleet = LostFirstAnswer {
+            fallback,
+            state: Mutex::default(),
+            stamps: Mutex::default(),
+            _dir: dir,
+        };
+        let bucket = BucketKey::Tenant {
+            kind: Kind::Hooks,
+            tenant: TenantId::from("t"),
+        };
+        let increment_us = 10_000_000;
+        fleet.fallback.ledger.record(&[Charge {
+            bucket: bucket.clone(),
+            increment_us,
+            capacity_us: 600_000_000,
+        }]);
+        assert!(round(&fleet).await.is_err(), "the first answer is lost");
+        assert!(
+            !fleet.fallback.ledger.is_empty(),
+            "the round waits to be answered"
+        );
+        round(&fleet).await.expect("the second round is answered");
+        assert!(fleet.fallback.ledger.is_empty());
+        let stamps = crate::lock::lock(&fleet.stamps).clone();
+        assert_eq!(stamps.len(), 2, "one proposal per round");
+        assert_eq!(
+            crate::lock::lock(&fleet.state).bucket_tat_us(&bucket),
+            Some(stamps[0] + increment_us),
+            "charged once, at the first round"
+        );
+        assert_eq!(round(&fleet).await.map_err(|e| e.0), Ok(()));
+        assert_eq!(
+            crate::lock::lock(&fleet.stamps).len(),
+            2,
+            "nothing left to send"
+        );
+    }
 }

@@ -647,6 +647,10 @@ impl crate::local::reconcile::Fleet for Node {
         &self.fallback
     }
 
+    fn absorbed_round(&self) -> u64 {
+        self.state.lock().state.absorbed_round(self.id)
+    }
+
     async fn propose(&self, command: Command, deadline: Instant) -> Result<Answer, NodeError> {
         Node::propose(self, command, deadline).await
     }

@@ -5,13 +5,13 @@
 //!
 //! No IO and no clock: time comes from the caller (the log entry's stamp).
 
-use std::collections::BinaryHeap;
+use std::collections::{BTreeMap, BinaryHeap};
 use std::hash::Hash;
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use super::model::{BucketKey, ClaimKey, ClaimRecord};
+use super::model::{BucketKey, ClaimKey, ClaimRecord, NodeId};
 use super::shards::Sharded;
 
 /// Most expiry entries popped before they are swept (see [`FleetState::advance_clock`]):
@@ -47,6 +47,9 @@ pub struct FleetState {
     /// Min-heap of (deadline, hash, item). Entries whose deadline is not the item's `queued_us`
     /// are stale (the item was removed and re-inserted) and are dropped when popped.
     expiry: ExpiryQueue,
+    /// The last absorb round applied per node (`Command::AbsorbRound`): one number per
+    /// node that ever reconciled charges.
+    absorbed: BTreeMap<NodeId, u64>,
 }
 
 /// The serialisable content of a [`FleetState`]: live items only (what a snapshot holds).
@@ -55,6 +58,8 @@ pub struct StateImage {
     pub clock_us: u64,
     pub buckets: Vec<(BucketKey, u64)>,
     pub claims: Vec<(ClaimKey, ClaimRecord)>,
+    /// The last absorb round applied per node, by node id.
+    pub absorbed: Vec<(NodeId, u64)>,
 }
 
 /// Serialises exactly like [`StateImage`] (the same bytes), straight from a state's maps:
@@ -65,10 +70,12 @@ pub struct LiveImage<'a>(pub &'a FleetState);
 impl Serialize for LiveImage<'_> {
     fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         use serde::ser::SerializeStruct;
-        let mut image = serializer.serialize_struct("StateImage", 3)?;
+        let mut image = serializer.serialize_struct("StateImage", 4)?;
         image.serialize_field("clock_us", &self.0.clock_us)?;
         image.serialize_field("buckets", &LiveBuckets(self.0))?;
         image.serialize_field("claims", &LiveClaims(self.0))?;
+        let absorbed: Vec<(NodeId, u64)> = self.0.absorbed_rounds().collect();
+        image.serialize_field("absorbed", &absorbed)?;
         image.end()
     }
 }
@@ -137,7 +144,23 @@ impl FleetState {
             .map(|(key, slot)| (&**key, &slot.value))
     }
 
-    /// A digest of the live state: its clock and every live bucket and claim. Each item's
+    /// The last absorb round of `node`'s the fleet applied (0: none).
+    pub fn absorbed_round(&self, node: NodeId) -> u64 {
+        self.absorbed.get(&node).copied().unwrap_or(0)
+    }
+
+    /// Records that `node`'s absorb round `round` was applied.
+    pub fn set_absorbed_round(&mut self, node: NodeId, round: u64) {
+        self.absorbed.insert(node, round);
+    }
+
+    /// Every node's last applied absorb round, by node id.
+    pub fn absorbed_rounds(&self) -> impl Iterator<Item = (NodeId, u64)> + '_ {
+        self.absorbed.iter().map(|(node, round)| (*node, *round))
+    }
+
+    /// A digest of the live state: its clock, every live bucket and claim, and the absorb
+    /// rounds. Each item's
     /// hash is summed, so replicas that applied the same entries have the same digest
     /// whatever order their maps hold the items in. It reads every item. The hasher is
     /// std's with fixed keys: the same in every process of one build, not across builds.
@@ -155,8 +178,12 @@ impl FleetState {
             .filter(|(_, slot)| slot.value > clock_us)
             .map(|(bucket, slot)| hash_of(("bucket", &**bucket, slot.value)));
         let claims = self.live_claims().map(|claim| hash_of(("claim", claim)));
+        let absorbed = self
+            .absorbed_rounds()
+            .map(|round| hash_of(("absorbed", round)));
         buckets
             .chain(claims)
+            .chain(absorbed)
             .fold(hash_of(("clock", clock_us)), u64::wrapping_add)
     }
 
@@ -280,6 +307,7 @@ impl FleetState {
             buckets: self.buckets.freeze(),
             claims: self.claims.freeze(),
             expiry: ExpiryQueue::default(),
+            absorbed: self.absorbed.clone(),
         }
     }
 
@@ -307,6 +335,7 @@ impl FleetState {
                 .filter(|(_, slot)| slot.value.expires_at_us > clock_us)
                 .map(|(k, slot)| (ClaimKey::clone(k), slot.value.clone()))
                 .collect(),
+            absorbed: self.absorbed_rounds().collect(),
         }
     }
 
@@ -322,6 +351,7 @@ impl FleetState {
         for (key, record) in image.claims {
             state.set_claim(key, record);
         }
+        state.absorbed = image.absorbed.into_iter().collect();
         state.advance_clock(image.clock_us);
         state
     }
@@ -489,6 +519,7 @@ mod tests {
             clock_us: 100,
             buckets: vec![(bucket("a"), 200), (bucket("b"), 300)],
             claims: vec![claim("x", 500), claim("y", 600)],
+            absorbed: vec![(1, 10), (2, 20)],
         };
         let mut reversed = image.clone();
         reversed.buckets.reverse();
@@ -506,6 +537,13 @@ mod tests {
         let mut changed = image.clone();
         changed.buckets[0].1 = 201;
         assert_ne!(digest, FleetState::from_image(changed).digest());
+        let mut absorbed_more = image.clone();
+        absorbed_more.absorbed[1].1 = 21;
+        assert_ne!(
+            digest,
+            FleetState::from_image(absorbed_more).digest(),
+            "the absorb rounds are content"
+        );
         let mut later = image;
         later.clock_us = 101;
         assert_ne!(digest, FleetState::from_image(later).digest());

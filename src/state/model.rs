@@ -180,6 +180,15 @@ pub enum Command {
     /// so a node's local grants spend the fleet budget without locking it for longer than
     /// one burst window.
     Absorb { charges: Vec<Charge> },
+    /// [`Command::Absorb`] as round `round` of `node`'s (what nodes propose; a log may
+    /// still hold the plain form from before). Applied only when `round` is above the
+    /// last round of `node`'s the fleet absorbed, so a round proposed again after an
+    /// answer that never came (it may have committed all the same) is absorbed once.
+    AbsorbRound {
+        node: NodeId,
+        round: u64,
+        charges: Vec<Charge>,
+    },
 }
 
 /// The answer to a hit (and to check_rate).

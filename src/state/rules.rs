@@ -46,6 +46,17 @@ pub fn apply(state: &mut FleetState, command: &Command, now_us: u64) -> Answer {
             absorb(state, charges, now_us);
             Answer::Absorbed
         }
+        Command::AbsorbRound {
+            node,
+            round,
+            charges,
+        } => {
+            if *round > state.absorbed_round(*node) {
+                absorb(state, charges, now_us);
+                state.set_absorbed_round(*node, *round);
+            }
+            Answer::Absorbed
+        }
         Command::ReconcileCommit {
             key,
             hook_id,

@@ -18,8 +18,11 @@ use crate::state::{FleetState, LiveImage, StateImage};
 
 /// First bytes of every snapshot.
 const MAGIC: [u8; 4] = *b"AKFS";
-/// Bump when [`SnapshotBody`] changes shape; older nodes refuse newer snapshots.
-pub const FORMAT_VERSION: u32 = 1;
+/// Bump when [`SnapshotBody`] changes shape; older nodes refuse newer snapshots, and this
+/// one still reads [`FORMAT_VERSION_V1`]'s.
+pub const FORMAT_VERSION: u32 = 2;
+/// The format before the state kept absorb rounds (`StateImage::absorbed`).
+pub const FORMAT_VERSION_V1: u32 = 1;
 /// magic + version + body length + crc32.
 pub const HEADER_LEN: usize = 4 + 4 + 8 + 4;
 
@@ -38,7 +41,7 @@ pub enum SnapshotFormatError {
     Truncated { len_bytes: usize },
     #[error("not a snapshot (bad magic)")]
     BadMagic,
-    #[error("snapshot format version {found} is not {FORMAT_VERSION}")]
+    #[error("snapshot format version {found} is neither {FORMAT_VERSION} nor {FORMAT_VERSION_V1}")]
     Version { found: u32 },
     #[error("snapshot body is {found_bytes} bytes, header says {expected_bytes}")]
     Length {
@@ -97,7 +100,23 @@ fn sealed<T: Serialize>(body: &T) -> Result<Vec<u8>, CodecError> {
     Ok(bytes)
 }
 
-/// Decodes a snapshot, verifying magic, version, length and checksum first.
+/// [`SnapshotBody`] as format 1 wrote it: the image without absorb rounds.
+#[derive(Deserialize)]
+struct SnapshotBodyV1 {
+    last_applied: Option<LogId>,
+    membership: StoredMembership,
+    image: StateImageV1,
+}
+
+#[derive(Deserialize)]
+struct StateImageV1 {
+    clock_us: u64,
+    buckets: Vec<(crate::state::BucketKey, u64)>,
+    claims: Vec<(crate::state::ClaimKey, crate::state::ClaimRecord)>,
+}
+
+/// Decodes a snapshot, verifying magic, version, length and checksum first; a format 1
+/// snapshot reads as one whose state has absorbed no round yet.
 ///
 /// # Errors
 /// When any of those checks fails or the body does not decode.
@@ -108,12 +127,25 @@ pub fn decode(bytes: &[u8]) -> Result<SnapshotBody, SnapshotFormatError> {
         });
     }
     let (header, payload) = bytes.split_at(HEADER_LEN);
-    check_header(header, payload.len() as u64, crc32fast::hash(payload))?;
-    Ok(codec::decode(payload)?)
+    if check_header(header, payload.len() as u64, crc32fast::hash(payload))? == FORMAT_VERSION {
+        return Ok(codec::decode(payload)?);
+    }
+    let v1: SnapshotBodyV1 = codec::decode(payload)?;
+    Ok(SnapshotBody {
+        last_applied: v1.last_applied,
+        membership: v1.membership,
+        image: StateImage {
+            clock_us: v1.image.clock_us,
+            buckets: v1.image.buckets,
+            claims: v1.image.claims,
+            absorbed: Vec::new(),
+        },
+    })
 }
 
 /// Checks a header against the body that follows it, given as its length and CRC-32 (which
-/// a receiver can compute chunk by chunk, before the whole snapshot is in one buffer).
+/// a receiver can compute chunk by chunk, before the whole snapshot is in one buffer);
+/// returns the format version.
 ///
 /// # Errors
 /// A short header, another magic or version, or a length or checksum that does not match.
@@ -121,7 +153,7 @@ pub fn check_header(
     header: &[u8],
     body_bytes: u64,
     body_crc: u32,
-) -> Result<(), SnapshotFormatError> {
+) -> Result<u32, SnapshotFormatError> {
     let Some(header) = header.get(..HEADER_LEN) else {
         return Err(SnapshotFormatError::Truncated {
             len_bytes: header.len(),
@@ -131,7 +163,7 @@ pub fn check_header(
         return Err(SnapshotFormatError::BadMagic);
     }
     let version = u32::from_le_bytes([header[4], header[5], header[6], header[7]]);
-    if version != FORMAT_VERSION {
+    if version != FORMAT_VERSION && version != FORMAT_VERSION_V1 {
         return Err(SnapshotFormatError::Version { found: version });
     }
     let mut len_bytes = [0u8; 8];
@@ -150,7 +182,7 @@ pub fn check_header(
             computed: body_crc,
         });
     }
-    Ok(())
+    Ok(version)
 }
 
 #[cfg(test)]
@@ -170,6 +202,7 @@ mod tests {
                     100,
                 )],
                 claims: vec![],
+                absorbed: vec![(3, 7)],
             },
             ..SnapshotBody::default()
         }
@@ -206,6 +239,44 @@ mod tests {
         let live = encode_live(None, &body.membership, &state).expect("encode live");
         assert_eq!(live, encode(&body).expect("encode image"));
         assert_eq!(decode(&live).expect("decode").image, body.image);
+    }
+
+    /// A snapshot of format 1 (before the state kept absorb rounds), as an older node
+    /// stored or sends it, still reads: the same image, no round absorbed yet.
+    #[test]
+    fn a_format_1_snapshot_reads_with_no_absorb_rounds() {
+        #[derive(Serialize)]
+        struct BodyV1 {
+            last_applied: Option<LogId>,
+            membership: StoredMembership,
+            image: ImageV1,
+        }
+        #[derive(Serialize)]
+        struct ImageV1 {
+            clock_us: u64,
+            buckets: Vec<(BucketKey, u64)>,
+            claims: Vec<(crate::state::ClaimKey, crate::state::ClaimRecord)>,
+        }
+        let expected = sample();
+        let v1 = BodyV1 {
+            last_applied: None,
+            membership: StoredMembership::default(),
+            image: ImageV1 {
+                clock_us: expected.image.clock_us,
+                buckets: expected.image.buckets.clone(),
+                claims: vec![],
+            },
+        };
+        let mut bytes = sealed(&v1).expect("encode");
+        bytes[4..8].copy_from_slice(&FORMAT_VERSION_V1.to_le_bytes());
+        let body = decode(&bytes).expect("a format 1 snapshot reads");
+        assert_eq!(
+            body.image,
+            StateImage {
+                absorbed: vec![],
+                ..expected.image
+            }
+        );
     }
 
     #[test]

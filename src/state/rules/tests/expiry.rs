@@ -41,6 +41,7 @@ fn expiry_drops_buckets_and_claims_from_memory() {
             clock_us: T0_US + 4 * SEC_US,
             buckets: vec![],
             claims: vec![],
+            absorbed: vec![],
         }
     );
 }

@@ -14,6 +14,8 @@ struct Model {
     clock_us: u64,
     buckets: BTreeMap<BucketKey, u64>,
     claims: BTreeMap<ClaimKey, ClaimRecord>,
+    /// The highest absorb round applied per node.
+    absorbed: BTreeMap<NodeId, u64>,
 }
 
 fn ceil_to_ms(duration_us: u64) -> u64 {
@@ -40,6 +42,18 @@ impl Model {
         let buckets = self.buckets.values().copied();
         let claims = self.claims.values().map(|record| record.expires_at_us);
         buckets.chain(claims).fold(self.clock_us, u64::max)
+    }
+
+    fn absorb(&mut self, charges: &[Charge]) {
+        let now_us = self.clock_us;
+        for charge in charges {
+            let tat_us = self
+                .bucket_tat_us(&charge.bucket)
+                .unwrap_or(now_us)
+                .max(now_us);
+            let new_tat_us = (tat_us + charge.increment_us).min(now_us + charge.capacity_us);
+            self.buckets.insert(charge.bucket.clone(), new_tat_us);
+        }
     }
 
     /// Section 3: time never goes back; every command of the entry is decided at one now.
@@ -88,15 +102,19 @@ impl Model {
                 Answer::Settle(self.commit(key, hook_id, *ttl_ms, *node))
             }
             Command::Absorb { charges } => {
-                let now_us = self.clock_us;
-                for charge in charges {
-                    let tat_us = self
-                        .bucket_tat_us(&charge.bucket)
-                        .unwrap_or(now_us)
-                        .max(now_us);
-                    let new_tat_us =
-                        (tat_us + charge.increment_us).min(now_us + charge.capacity_us);
-                    self.buckets.insert(charge.bucket.clone(), new_tat_us);
+                self.absorb(charges);
+                Answer::Absorbed
+            }
+            // Contract §7: a node's local charges are handed over once, whatever number
+            // of times the same round is proposed.
+            Command::AbsorbRound {
+                node,
+                round,
+                charges,
+            } => {
+                if *round > self.absorbed.get(node).copied().unwrap_or(0) {
+                    self.absorb(charges);
+                    self.absorbed.insert(*node, *round);
                 }
                 Answer::Absorbed
             }
@@ -304,6 +322,10 @@ fn arb_command() -> impl Strategy<Value = Command> {
             .prop_map(|(charges, claim, node)| Command::Hit { charges, claim, node }),
         1 => arb_charges().prop_map(|charges| Command::ProbeCharges { charges }),
         1 => arb_charges().prop_map(|charges| Command::Absorb { charges }),
+        // Few round numbers, so the same round and older ones come again.
+        1 => (arb_charges(), node.clone(), 1u64..=4).prop_map(|(charges, node, round)| {
+            Command::AbsorbRound { node, round, charges }
+        }),
         1 => (arb_claim_key(), arb_hook_id(), 1u64..=8_000, node.clone()).prop_map(
             |(key, hook_id, ttl_ms, node)| Command::ReconcileCommit {
                 key,

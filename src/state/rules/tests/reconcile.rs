@@ -84,3 +84,44 @@ fn a_reconciled_commit_wins_over_another_nodes_pending_claim_but_not_a_committed
         HookId::from("mine")
     );
 }
+
+fn absorb_round(node: NodeId, round: u64, increment_us: u64) -> Command {
+    Command::AbsorbRound {
+        node,
+        round,
+        charges: vec![charge(hooks("t"), increment_us, 60 * SEC_US)],
+    }
+}
+
+/// Contract §7: a node's local charges are handed over once. A round proposed again (its
+/// answer was lost, but it committed) is not absorbed again, nor is an older one; the next
+/// round is, and each node's rounds count on their own. The rounds survive an image.
+#[test]
+fn an_absorb_round_is_charged_once_however_often_it_is_proposed() {
+    let mut state = FleetState::default();
+    apply_batch(&mut state, &[absorb_round(7, 5, SEC_US)], T0_US);
+    assert_eq!(state.bucket_tat_us(&hooks("t")), Some(T0_US + SEC_US));
+    let again = [absorb_round(7, 5, SEC_US), absorb_round(7, 4, SEC_US)];
+    assert_eq!(
+        apply_batch(&mut state, &again, T0_US),
+        vec![Answer::Absorbed, Answer::Absorbed]
+    );
+    assert_eq!(
+        state.bucket_tat_us(&hooks("t")),
+        Some(T0_US + SEC_US),
+        "round 5 again and round 4 charged nothing"
+    );
+    let next = [absorb_round(7, 6, SEC_US), absorb_round(8, 5, SEC_US)];
+    apply_batch(&mut state, &next, T0_US);
+    assert_eq!(state.bucket_tat_us(&hooks("t")), Some(T0_US + 3 * SEC_US));
+    assert_eq!((state.absorbed_round(7), state.absorbed_round(8)), (6, 5));
+
+    let mut restored = FleetState::from_image(state.image());
+    assert_eq!(restored.digest(), state.digest());
+    apply_batch(&mut restored, &[absorb_round(8, 5, SEC_US)], T0_US);
+    assert_eq!(
+        restored.bucket_tat_us(&hooks("t")),
+        Some(T0_US + 3 * SEC_US),
+        "a restored state still knows round 5 of node 8"
+    );
+}

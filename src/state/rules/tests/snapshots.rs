@@ -100,6 +100,7 @@ fn from_image_drops_items_already_expired_at_its_clock() {
         clock_us: T0_US,
         buckets: vec![(hooks("a"), T0_US), (hooks("b"), T0_US + 1)],
         claims: vec![(key.clone(), pending_record("h1", T0_US, 60_000))],
+        absorbed: vec![],
     };
     let state = FleetState::from_image(image);
     assert_eq!(state.clock_us(), T0_US);
