@@ -2,6 +2,8 @@
 //! allowance grants (contract §4), counting the fleet's answers and, node by node, the
 //! answers a node decided alone (the fallback budget, contract §7).
 //!
+//! [`refusals`] checks the other way: no refusal while the bucket had room.
+//!
 //! A GCRA bucket of capacity `C` and increment `I` admits `n` charges in a stretch `[a, b]`
 //! only if `n · I ≤ C + (b − a)`: each charge moves its TAT on by `I`, and the TAT may lead
 //! the clock by at most `C`. The checker allows `⌊(C + (b − a)) / I⌋ + 1` (the `+ 1` is a
@@ -192,6 +194,97 @@ pub fn budgets(history: &[Op], run: &Budgets<'_>) -> Vec<Anomaly> {
     anomalies
 }
 
+/// One tenant's fleet refusals, and the charges that may have taken effect (invoke, return;
+/// `u64::MAX`: at any time after).
+type RefusalsAndCharges<'h> = (Vec<&'h Op>, Vec<(u64, u64)>);
+
+/// How far back a refusal's justification is looked for.
+const REFUSAL_LOOKBACK_US: u64 = 30_000_000;
+
+/// Refusals the bucket cannot have made: the other half of GCRA, beside the budgets.
+///
+/// The fleet refuses a charge at time `t` only if its TAT is past `t + C − I`. The TAT
+/// never leads the clock by more than `C`, and a charge at `u` sets it to
+/// `max(TAT, u) + I`. So for any earlier `s`, the TAT at `t` is at most
+/// `max(s + C, t) + I · N(s)`, where `N(s)` counts the charges that may have taken effect
+/// in between. A refusal therefore needs, for every `s` before it,
+/// `min(t − s, C) < I · (N(s) + 1)`. A refusal with fewer charges behind it than that had
+/// room. Time idle beyond `C` adds no room: a full bucket holds `C / I` charges.
+///
+/// `N` counts every allowed charge that may have reached the fleet, up to the refusal's
+/// return:
+/// - a charge a node granted alone counts twice: its proposal may commit late, and the
+///   node hands the charge over as well;
+/// - an unknown charge counts once.
+///
+/// Resets only lower a TAT. A refusal after a wall clock was set off is not checked: a
+/// clock set back stands the stamps still (`refills`).
+pub fn refusals(history: &[Op], bucket: Bucket, clocks_from_us: Option<u64>) -> Vec<Anomaly> {
+    let increment_us = bucket.increment_us;
+    let mut by_tenant: BTreeMap<&str, RefusalsAndCharges<'_>> = BTreeMap::new();
+    for op in history {
+        let Request::Charge { tenant } = &op.request else {
+            continue;
+        };
+        let (refused, took) = by_tenant.entry(tenant.as_str()).or_default();
+        match &op.outcome {
+            Outcome::Answered(Answer::RateLimited, Decided::Fleet) => refused.push(op),
+            Outcome::Answered(Answer::Allowed, Decided::Fleet) => {
+                took.push((op.invoke_us, op.return_us));
+            }
+            Outcome::Answered(Answer::Allowed, Decided::Local) => {
+                took.push((op.invoke_us, u64::MAX));
+                took.push((op.invoke_us, u64::MAX));
+            }
+            Outcome::Unknown(_) => took.push((op.invoke_us, u64::MAX)),
+            _ => {}
+        }
+    }
+    let mut anomalies = Vec::new();
+    for (tenant, (refused, took)) in by_tenant {
+        for op in refused {
+            if clocks_from_us.is_some_and(|from_us| from_us <= op.return_us) {
+                continue;
+            }
+            let (at_us, by_us) = (op.invoke_us, op.return_us);
+            let since = at_us.saturating_sub(REFUSAL_LOOKBACK_US);
+            // Charges that may have come before it, by return: those returned before the
+            // refusal began are the candidates for `s`; the others always count.
+            let mut before: Vec<u64> = Vec::new();
+            let mut always = 0u64;
+            for (invoke_us, return_us) in &took {
+                if *invoke_us >= by_us || *return_us <= since {
+                    continue;
+                }
+                if *return_us < at_us {
+                    before.push(*return_us);
+                } else {
+                    always += 1;
+                }
+            }
+            before.sort_unstable_by(|a, b| b.cmp(a));
+            // s just after the k-th latest return: N(s) = always + k.
+            let had_room = before.iter().enumerate().find(|(k, s)| {
+                (at_us - **s).min(bucket.capacity_us) >= increment_us * (always + *k as u64 + 2)
+            });
+            if let Some((k, s)) = had_room {
+                anomalies.push(Anomaly {
+                    checker: "budget",
+                    detail: format!(
+                        "tenant {tenant}: op {} refused by the fleet at {at_us} µs with at most {} \
+                         charges in the {} µs before it (one per {increment_us} µs refills)",
+                        op.id,
+                        always + k as u64,
+                        at_us - s
+                    ),
+                    ops: vec![op.id],
+                });
+            }
+        }
+    }
+    anomalies
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -275,6 +368,54 @@ mod tests {
         };
         assert!(budgets(&burst(5, Decided::Local), &restarted(1)).is_empty());
         assert_eq!(budgets(&burst(5, Decided::Local), &restarted(2)).len(), 1);
+    }
+
+    /// A refusal needs enough charges behind it: one after a quiet second had room.
+    #[test]
+    fn a_refusal_with_room_in_the_bucket_is_caught() {
+        let refused = |id: usize, at_us: u64| Op {
+            outcome: Outcome::Answered(Answer::RateLimited, Decided::Fleet),
+            ..charge(id, at_us, Decided::Fleet)
+        };
+        // Ten charges at once fill the bucket; a refusal right after is justified.
+        let mut history: Vec<Op> = (0..10)
+            .map(|i| charge(i, 1_000 + i as u64, Decided::Fleet))
+            .collect();
+        history.push(refused(10, 20_000));
+        assert!(refusals(&history, BUCKET, None).is_empty());
+        // Two seconds later the bucket has refilled: a refusal then had room.
+        history.push(refused(11, 2_100_000));
+        let found = refusals(&history, BUCKET, None);
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert_eq!(found[0].ops, vec![11]);
+        // Unless a clock was set off before it, or a node's own charges may have been
+        // handed to the fleet meanwhile.
+        assert!(refusals(&history, BUCKET, Some(1_500_000)).is_empty());
+        history.extend((0..20).map(|i| charge(100 + i, 2_000_000, Decided::Local)));
+        assert!(refusals(&history, BUCKET, None).is_empty());
+    }
+
+    /// Idle time beyond the capacity adds no room: a long quiet spell, then a burst that
+    /// fills the bucket, then a refusal, is a bucket doing its job.
+    #[test]
+    fn a_refusal_after_a_burst_that_follows_a_quiet_spell_had_no_room() {
+        let refused = |id: usize, at_us: u64| Op {
+            outcome: Outcome::Answered(Answer::RateLimited, Decided::Fleet),
+            ..charge(id, at_us, Decided::Fleet)
+        };
+        let mut history = vec![charge(0, 1_000, Decided::Fleet)];
+        history.extend((1..=10).map(|i| charge(i, 5_000_000 + i as u64 * 1_000, Decided::Fleet)));
+        history.push(refused(11, 5_050_000));
+        assert!(refusals(&history, BUCKET, None).is_empty());
+        // Five grants a node made alone fill it too: each may be charged twice (its late
+        // commit, and the hand-over).
+        let mut history = vec![charge(0, 1_000, Decided::Fleet)];
+        history.extend((1..=5).map(|i| charge(i, 5_000_000 + i as u64 * 1_000, Decided::Local)));
+        history.push(refused(6, 5_050_000));
+        assert!(refusals(&history, BUCKET, None).is_empty());
+        // Four do not.
+        history.remove(5);
+        assert_eq!(refusals(&history, BUCKET, None).len(), 1);
     }
 
     /// An unknown reset may take effect until a while after the fault it met, not forever.

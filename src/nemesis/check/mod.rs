@@ -130,6 +130,10 @@ pub fn all(run: &Run<'_>) -> Findings {
     findings
         .anomalies
         .extend(deadlines(history, run.downtimes, run.slack_us));
+    let clocks_from_us = run.skewed.iter().map(|(_, from_us, _)| *from_us).min();
+    findings
+        .anomalies
+        .extend(budget::refusals(history, run.bucket, clocks_from_us));
     findings.anomalies.extend(budget::budgets(
         history,
         &budget::Budgets {
