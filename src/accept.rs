@@ -95,17 +95,18 @@ pub fn incoming_unix(
     })
 }
 
-/// A bound Unix socket and its file, removed when the socket is dropped (when its server
-/// stops).
+/// A bound Unix socket and its file; the file is removed when `file` is dropped (when its
+/// server stops, or when the node fails to start after binding).
 pub struct UnixSocket {
-    pub path: PathBuf,
     pub listener: UnixListener,
+    pub file: SocketFile,
 }
 
 impl UnixSocket {
-    /// Binds `path`, creating its directory if it is missing. A socket file left by a node
-    /// that is gone (nothing accepts on it) is replaced; a live one, or a file that is not
-    /// a socket, is an error. The file is made `0660`: the node's user and group connect.
+    /// Binds `path`, creating its directory if it is missing. A socket file nobody accepts
+    /// on (its connect is refused: a node that is gone left it) is replaced; a live one, one
+    /// this user may not connect to, or a file that is not a socket, is an error. The file
+    /// is made `0660`: the node's user and group connect.
     ///
     /// # Errors
     /// When the directory cannot be made, the path is taken, or the bind fails.
@@ -121,33 +122,67 @@ impl UnixSocket {
                     "the path exists and is not a socket",
                 ))
             }
-            Ok(_) => {
-                if std::os::unix::net::UnixStream::connect(path).is_ok() {
+            Ok(_) => match std::os::unix::net::UnixStream::connect(path) {
+                Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => {
+                    std::fs::remove_file(path)?;
+                }
+                Ok(_) => {
                     return Err(io::Error::new(
                         io::ErrorKind::AddrInUse,
                         "another process accepts on this socket",
-                    ));
+                    ))
                 }
-                std::fs::remove_file(path)?;
-            }
+                Err(e) => {
+                    return Err(io::Error::new(
+                        e.kind(),
+                        format!("a socket is there and it cannot be told stale: {e}"),
+                    ))
+                }
+            },
             Err(e) if e.kind() == io::ErrorKind::NotFound => {}
             Err(e) => return Err(e),
         }
         let listener = UnixListener::bind(path)?;
         std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o660))?;
         Ok(Self {
-            path: path.to_path_buf(),
             listener,
+            file: SocketFile::of(path)?,
         })
     }
 }
 
-/// Removes the socket file once its server is done with it, so no stale file is left.
-pub struct SocketFile(pub PathBuf);
+/// A socket file this node bound, removed when dropped if the path still names that very
+/// file (another process may have bound the path since).
+pub struct SocketFile {
+    path: PathBuf,
+    /// (device, inode) of the file at bind.
+    id: (u64, u64),
+}
+
+impl SocketFile {
+    fn of(path: &Path) -> io::Result<Self> {
+        use std::os::unix::fs::MetadataExt;
+        let meta = std::fs::symlink_metadata(path)?;
+        Ok(Self {
+            path: path.to_path_buf(),
+            id: (meta.dev(), meta.ino()),
+        })
+    }
+
+    /// The socket's path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
 
 impl Drop for SocketFile {
     fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
+        use std::os::unix::fs::MetadataExt;
+        let ours = std::fs::symlink_metadata(&self.path)
+            .is_ok_and(|meta| (meta.dev(), meta.ino()) == self.id);
+        if ours {
+            let _ = std::fs::remove_file(&self.path);
+        }
     }
 }
 
@@ -328,6 +363,43 @@ mod tests {
             }
         });
         (addr, rx)
+    }
+
+    /// A live socket and a file that is not a socket are refused; a stale socket (nobody
+    /// accepts) is replaced; the file goes with its node, unless another took the path.
+    #[tokio::test]
+    async fn a_socket_path_is_taken_over_only_from_a_node_that_is_gone() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("run").join("api.sock");
+        let live = UnixSocket::bind(&path).expect("bind");
+        let refused = UnixSocket::bind(&path)
+            .err()
+            .expect("a live socket is refused");
+        assert_eq!(refused.kind(), io::ErrorKind::AddrInUse);
+        drop(live);
+        assert!(!path.exists(), "the node's own file goes with it");
+
+        let stale = std::os::unix::net::UnixListener::bind(&path).expect("bind");
+        drop(stale);
+        assert!(
+            path.exists(),
+            "a listener dropped without cleanup leaves its file"
+        );
+        let replaced = UnixSocket::bind(&path).expect("a stale socket is replaced");
+        // Another process binds the path meanwhile: dropping ours leaves its file.
+        std::fs::remove_file(&path).expect("remove");
+        let other = std::os::unix::net::UnixListener::bind(&path).expect("bind");
+        drop(replaced);
+        assert!(path.exists(), "another node's socket was removed");
+        drop(other);
+
+        let plain = dir.path().join("plain");
+        std::fs::write(&plain, b"not a socket").expect("write");
+        let refused = UnixSocket::bind(&plain)
+            .err()
+            .expect("a plain file is refused");
+        assert_eq!(refused.kind(), io::ErrorKind::AlreadyExists);
+        assert_eq!(std::fs::read(&plain).expect("read"), b"not a socket");
     }
 
     #[tokio::test]

@@ -85,6 +85,10 @@ async fn raft_addr_of(api_addr: &str) -> anyhow::Result<String> {
         })
 }
 
+/// The file in a data dir while `restore` writes it; a node does not start while it is
+/// there.
+pub const RESTORE_MARKER: &str = "restore-incomplete";
+
 /// What a snapshot file holds, for the operator to check.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Summary {
@@ -172,8 +176,17 @@ pub async fn save(target: &SaveTarget, file: &Path) -> anyhow::Result<Summary> {
 /// Writes `data` to `file` through `FILE.partial`: written, fsynced, renamed, and the
 /// directory fsynced, so the name reaches the disk with the whole content behind it.
 fn write_durably(file: &Path, data: &[u8]) -> anyhow::Result<()> {
+    use std::os::unix::fs::OpenOptionsExt;
     let partial = with_suffix(file, ".partial");
-    let written = std::fs::File::create(&partial)
+    // A file left by an earlier save keeps its mode when opened: start from none.
+    let _ = std::fs::remove_file(&partial);
+    // Only its owner reads it: it holds every tenant's state.
+    let written = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&partial)
         .and_then(|mut out| {
             out.write_all(data)?;
             out.sync_all()
@@ -230,8 +243,9 @@ pub fn read_file(file: &Path) -> anyhow::Result<(Vec<u8>, SnapshotBody)> {
 /// Seeds the empty data dir of the node `config` describes from the snapshot in `file`.
 /// The node then starts with the snapshot's state and membership and replays nothing.
 ///
-/// The data dir is built beside its final place (`DATA_DIR.restoring`) and renamed into
-/// place once whole, so a restore cut short leaves no half-seeded data dir behind.
+/// The data dir is written in place (it may be a mount point of its own), behind the
+/// [`RESTORE_MARKER`] file: a restore cut short leaves the marker, and the node refuses to
+/// start from that data dir.
 ///
 /// # Errors
 /// When the file is not an intact snapshot, covers no entry, does not list this node with
@@ -244,29 +258,26 @@ pub async fn restore(config: &NodeConfig, file: &Path) -> anyhow::Result<Summary
     check_member(config, &body, file)?;
     let data_dir = &config.data_dir;
     ensure_empty(data_dir)?;
-    let staging = with_suffix(data_dir, ".restoring");
-    if staging.exists() {
-        // Only an earlier restore, cut short, makes this name.
-        std::fs::remove_dir_all(&staging)
-            .with_context(|| format!("removing the unfinished {}", staging.display()))?;
-    }
-    std::fs::create_dir_all(&staging).with_context(|| format!("creating {}", staging.display()))?;
+    std::fs::create_dir_all(data_dir)
+        .with_context(|| format!("creating {}", data_dir.display()))?;
+    sync_dir(&parent_of(data_dir))?;
+    // Written first and removed last: a node refuses to start while it is there, so a
+    // restore cut short never passes for a data dir.
+    let marker = data_dir.join(RESTORE_MARKER);
+    std::fs::File::create(&marker)
+        .and_then(|file| file.sync_all())
+        .with_context(|| format!("writing {}", marker.display()))?;
+    sync_dir(data_dir)?;
     let summary = summary(&body, data.len() as u64);
     let meta = SnapshotMeta {
         last_log_id: Some(last),
         last_membership: body.membership,
         snapshot_id: format!("restored-{}-{}", last.leader_id, last.index),
     };
-    seed(&staging, config.node_id, &meta, data).await?;
-    sync_dir(&staging)?;
-    if data_dir.exists() {
-        // Empty (checked above): the rename needs the name free.
-        std::fs::remove_dir(data_dir)
-            .with_context(|| format!("replacing the empty {}", data_dir.display()))?;
-    }
-    std::fs::rename(&staging, data_dir)
-        .with_context(|| format!("renaming {} to {}", staging.display(), data_dir.display()))?;
-    sync_dir(&parent_of(data_dir))?;
+    seed(data_dir, config.node_id, &meta, data).await?;
+    sync_dir(data_dir)?;
+    std::fs::remove_file(&marker).with_context(|| format!("removing {}", marker.display()))?;
+    sync_dir(data_dir)?;
     Ok(summary)
 }
 

@@ -13,7 +13,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tonic::transport::Server;
 
-use crate::accept::{incoming, incoming_unix, ConnectionLimits, SocketFile, UnixSocket};
+use crate::accept::{incoming, incoming_unix, ConnectionLimits, UnixSocket};
 use crate::api::admin::AdminService;
 use crate::api::drain::DrainGate;
 use crate::api::validate::RequestDefaults;
@@ -64,6 +64,11 @@ pub enum StartError {
         addr: String,
         source: std::io::Error,
     },
+    #[error(
+        "data dir {path}: a `snapshot restore` into it did not finish ({marker} is there): \
+         empty the data dir and restore again"
+    )]
+    RestoreIncomplete { path: String, marker: String },
     #[error("raft log store: {0}")]
     LogStore(String),
     #[error("sled store {path}: {reason}")]
@@ -246,6 +251,12 @@ pub async fn start(config: NodeConfig, listeners: Listeners) -> Result<RunningNo
             crate::envoy::limits::Limits::default()
         }
     });
+    if config.data_dir.join(crate::backup::RESTORE_MARKER).exists() {
+        return Err(StartError::RestoreIncomplete {
+            path: config.data_dir.display().to_string(),
+            marker: crate::backup::RESTORE_MARKER.to_owned(),
+        });
+    }
     open_dir(&config.data_dir)?;
     let faults = Faults::new(config.fault_injection).planting(config.planted_bug);
     let log_store = LogStore::open(
@@ -518,7 +529,7 @@ fn serve_api(
         "api",
     );
     let unix = match socket {
-        Some(UnixSocket { path, listener }) => {
+        Some(UnixSocket { listener, file }) => {
             let served = serve(
                 router(None)?,
                 incoming_unix(listener, connections),
@@ -526,7 +537,8 @@ fn serve_api(
                 "api_socket",
             );
             Some(async move {
-                let _removed_after = SocketFile(path);
+                // Removed once the server is done with it.
+                let _file = file;
                 served.await;
             })
         }

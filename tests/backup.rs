@@ -84,7 +84,7 @@ fn restore(config: &Path, file: &Path) -> Output {
 }
 
 /// Asserts that `restore --config config file` fails, says `expected`, and leaves no data
-/// dir at `data_dir` (nor its staging dir) when there was none before.
+/// dir at `data_dir` when there was none before.
 fn assert_refused(fleet: &Fleet, config: &Path, file: &Path, expected: &str, data_dir: &Path) {
     let existed = data_dir.exists();
     let output = restore(config, file);
@@ -97,11 +97,9 @@ fn assert_refused(fleet: &Fleet, config: &Path, file: &Path, expected: &str, dat
             output.status
         ));
     }
-    let mut staging = data_dir.as_os_str().to_owned();
-    staging.push(".restoring");
     assert_eq!(
-        (data_dir.exists(), PathBuf::from(staging).exists()),
-        (existed, false),
+        data_dir.exists(),
+        existed,
         "a refused restore wrote {}: {said}",
         data_dir.display()
     );
@@ -155,6 +153,12 @@ async fn a_fleet_that_lost_every_disk_comes_back_from_a_backup() {
         fleet.fail(&format!("snapshot save: {}: {said}", output.status));
     }
     tracing::info!(said = said.trim(), "saved");
+    let mode = std::os::unix::fs::PermissionsExt::mode(
+        &std::fs::metadata(&file)
+            .expect("the saved file")
+            .permissions(),
+    );
+    assert_eq!(mode & 0o777, 0o600, "the backup's mode: {mode:o}");
     let saved_term = fleet.status(leader).await.expect("the leader answers").term;
     assert!(saved_term > 1, "the failover left term {saved_term}");
 
@@ -185,6 +189,18 @@ async fn a_fleet_that_lost_every_disk_comes_back_from_a_backup() {
         fleet.stop(id).await;
         std::fs::remove_dir_all(fleet.data_dir(id)).expect("wipe the data dir");
     }
+
+    tracing::info!("--- a data dir whose restore did not finish does not start");
+    std::fs::create_dir_all(fleet.data_dir(1)).expect("data dir");
+    std::fs::write(fleet.data_dir(1).join("restore-incomplete"), b"").expect("marker");
+    match fleet.restart_watched(1).await {
+        (Start::Exited { status, output }, _) => assert!(
+            !status.success() && output.contains("restore-incomplete"),
+            "{status}: {output}"
+        ),
+        (Start::Serving, _) => fleet.fail("node 1 started from a half-restored data dir"),
+    }
+    std::fs::remove_dir_all(fleet.data_dir(1)).expect("wipe the data dir");
 
     tracing::info!("--- restore every node from the file and start it");
     for id in 1..=3 {

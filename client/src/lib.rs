@@ -196,7 +196,26 @@ const IN_FLIGHT_MAX: usize = 4096;
 /// One hit waiting for its place on the stream and then for its reply.
 struct Job {
     request: pb::HitRequest,
+    /// When its caller stops waiting: `timeout_ms` is set from it as the hit is sent, so
+    /// time spent queued here is not the node's to spend.
+    deadline: tokio::time::Instant,
     reply: oneshot::Sender<Result<pb::HitResponse, Error>>,
+}
+
+impl Job {
+    /// The request to send now, with what is left of the deadline; None once it passed
+    /// (or the caller gave up): the node need not work for nobody.
+    fn take_request(&mut self) -> Option<pb::HitRequest> {
+        let left = self
+            .deadline
+            .checked_duration_since(tokio::time::Instant::now())?;
+        if self.reply.is_closed() || left.is_zero() {
+            return None;
+        }
+        let mut request = std::mem::take(&mut self.request);
+        request.timeout_ms = node_timeout_ms(left);
+        Some(request)
+    }
 }
 
 /// A client of one node (cheap to clone; clones share the connection and the hit stream).
@@ -239,13 +258,17 @@ impl Client {
     ///
     /// # Errors
     /// No answer by the deadline, an unreachable node, or a refused request.
-    pub async fn hit(&self, mut request: pb::HitRequest) -> Result<Decision, Error> {
+    pub async fn hit(&self, request: pb::HitRequest) -> Result<Decision, Error> {
         let deadline = self.deadline(request.timeout_ms);
-        request.timeout_ms = node_timeout_ms(deadline);
         let (reply, answer) = oneshot::channel();
+        let job = Job {
+            request,
+            deadline: tokio::time::Instant::now() + deadline,
+            reply,
+        };
         let call = async {
             self.hits
-                .send(Job { request, reply })
+                .send(job)
                 .await
                 .map_err(|_| Error::Unavailable("the hit stream's task stopped".to_owned()))?;
             answer
@@ -376,6 +399,20 @@ async fn within<T>(
     }
 }
 
+/// How often an idle connection is pinged, and how long a ping may go unanswered before
+/// the connection counts as dead: a node that vanished without a word (a host power-off,
+/// a partition) fails the calls waiting on it, and the next call connects again.
+const KEEP_ALIVE_INTERVAL: Duration = Duration::from_secs(10);
+const KEEP_ALIVE_TIMEOUT: Duration = Duration::from_secs(5);
+
+fn keep_alive(endpoint: Endpoint, options: &Options) -> Endpoint {
+    endpoint
+        .connect_timeout(options.connect_timeout)
+        .http2_keep_alive_interval(KEEP_ALIVE_INTERVAL)
+        .keep_alive_timeout(KEEP_ALIVE_TIMEOUT)
+        .keep_alive_while_idle(true)
+}
+
 fn channel(target: &Target, options: &Options) -> Result<Channel, Error> {
     let invalid = |e: tonic::transport::Error| Error::Target(e.to_string());
     match target {
@@ -385,10 +422,12 @@ fn channel(target: &Target, options: &Options) -> Result<Channel, Error> {
             } else {
                 "http"
             };
-            let mut endpoint = Endpoint::from_shared(format!("{scheme}://{addr}"))
-                .map_err(invalid)?
-                .connect_timeout(options.connect_timeout)
-                .tcp_nodelay(true);
+            let mut endpoint = keep_alive(
+                Endpoint::from_shared(format!("{scheme}://{addr}")).map_err(invalid)?,
+                options,
+            )
+            .tcp_nodelay(true)
+            .tcp_keepalive(Some(KEEP_ALIVE_INTERVAL));
             if let Some(tls) = &options.tls {
                 endpoint = endpoint.tls_config(tls.clone()).map_err(invalid)?;
             }
@@ -402,8 +441,7 @@ fn channel(target: &Target, options: &Options) -> Result<Channel, Error> {
             }
             let path = path.clone();
             // The URI only names the HTTP/2 authority; the connector ignores it.
-            let endpoint = Endpoint::from_static("http://ankusa-fleet.local")
-                .connect_timeout(options.connect_timeout);
+            let endpoint = keep_alive(Endpoint::from_static("http://ankusa-fleet.local"), options);
             Ok(
                 endpoint.connect_with_connector_lazy(tower::service_fn(move |_: Uri| {
                     let path = path.clone();
@@ -426,15 +464,15 @@ async fn run_stream(
     mut jobs: mpsc::Receiver<Job>,
     open_timeout: Duration,
 ) {
-    while let Some(first) = jobs.recv().await {
+    while let Some(mut first) = jobs.recv().await {
         // A caller that gave up before its turn needs no stream.
-        if first.reply.is_closed() {
+        let Some(request) = first.take_request() else {
             continue;
-        }
+        };
         let (requests, outgoing) = mpsc::unbounded_channel();
         let mut waiting = VecDeque::new();
         // The first hit is queued before the stream opens: it is sent as soon as it does.
-        if requests.send(first.request).is_ok() {
+        if requests.send(request).is_ok() {
             waiting.push_back(first.reply);
         }
         let mut opener = client.clone();
@@ -456,13 +494,15 @@ async fn run_stream(
         loop {
             tokio::select! {
                 job = jobs.recv(), if accepting && waiting.len() < IN_FLIGHT_MAX => match job {
-                    Some(job) if job.reply.is_closed() => {}
-                    Some(job) => {
-                        if requests.send(job.request).is_ok() {
-                            waiting.push_back(job.reply);
+                    Some(mut job) => {
+                        if let Some(request) = job.take_request() {
+                            if requests.send(request).is_ok() {
+                                waiting.push_back(job.reply);
+                            }
                         }
                     }
                     // Every client is gone: collect the replies still due, then stop.
+                    None if waiting.is_empty() => return,
                     None => accepting = false,
                 },
                 reply = replies.next() => match reply {

@@ -98,10 +98,10 @@ impl ChargeLedger {
 
     /// How many charges wait to be reconciled: recorded, or in the round not answered yet.
     pub fn len(&self) -> usize {
-        let in_flight = lock(&self.in_flight)
-            .as_ref()
-            .map_or(0, |round| round.charges.len());
-        self.lock().len() + in_flight
+        // Both at once, in `next_round`'s order: a round being made is counted once.
+        let in_flight = lock(&self.in_flight);
+        let sent = in_flight.as_ref().map_or(0, |round| round.charges.len());
+        self.lock().len() + sent
     }
 
     /// Drops what `tenant`'s buckets (both kinds) were charged locally: a reset forgets
