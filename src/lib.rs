@@ -64,6 +64,11 @@ pub mod pb {
     /// The edge API's file descriptors, for gRPC reflection.
     pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("fleet_descriptor");
 
+    /// The descriptors of Envoy's `envoy.service.ratelimit.v3.RateLimitService` and the
+    /// files it imports (cut by build.rs from the set envoy-types ships), for reflection.
+    pub const ENVOY_RLS_DESCRIPTOR_SET: &[u8] =
+        tonic::include_file_descriptor_set!("envoy_rls_descriptor");
+
     /// Node-to-node and administration services.
     pub mod internal {
         tonic::include_proto!("ankusa.fleet.internal.v1");

@@ -553,7 +553,8 @@ fn serve_api(
 }
 
 /// gRPC reflection on `api_addr`, so grpcurl and other reflection clients need no proto
-/// files: the edge API and health, in both versions of the reflection protocol clients use.
+/// files: the edge API, Envoy's rate limit service and health, in both versions of the
+/// reflection protocol clients use.
 mod reflection {
     use super::StartError;
     use crate::pb;
@@ -562,6 +563,7 @@ mod reflection {
         tonic_reflection::server::Builder::configure()
             .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
             .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(pb::ENVOY_RLS_DESCRIPTOR_SET)
     }
 
     fn failed(e: tonic_reflection::server::Error) -> StartError {

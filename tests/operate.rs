@@ -196,7 +196,7 @@ async fn fleet_health_follows_the_leader_while_the_node_stays_serving() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn reflection_lists_the_edge_services_and_describes_hit() {
+async fn reflection_lists_the_edge_services_and_describes_them() {
     use tonic_reflection::pb::v1::server_reflection_client::ServerReflectionClient;
     use tonic_reflection::pb::v1::server_reflection_request::MessageRequest;
     use tonic_reflection::pb::v1::server_reflection_response::MessageResponse;
@@ -220,6 +220,9 @@ async fn reflection_lists_the_edge_services_and_describes_hit() {
         ask(MessageRequest::FileContainingSymbol(
             "ankusa.fleet.v1.Fleet".to_owned(),
         )),
+        ask(MessageRequest::FileContainingSymbol(
+            "envoy.service.ratelimit.v3.RateLimitService".to_owned(),
+        )),
     ];
     let mut answers = client
         .server_reflection_info(tokio_stream::iter(requests))
@@ -236,7 +239,11 @@ async fn reflection_lists_the_edge_services_and_describes_hit() {
         other => panic!("not a service list: {other:?}"),
     };
     let names: Vec<String> = listed.service.into_iter().map(|s| s.name).collect();
-    for expected in ["ankusa.fleet.v1.Fleet", "grpc.health.v1.Health"] {
+    for expected in [
+        "ankusa.fleet.v1.Fleet",
+        "grpc.health.v1.Health",
+        "envoy.service.ratelimit.v3.RateLimitService",
+    ] {
         assert!(
             names.iter().any(|name| name == expected),
             "{expected} in {names:?}"
@@ -259,5 +266,29 @@ async fn reflection_lists_the_edge_services_and_describes_hit() {
             );
         }
         other => panic!("no file descriptor for ankusa.fleet.v1.Fleet: {other:?}"),
+    }
+    // Envoy's service comes with the files it imports, so a client can decode its messages.
+    match answers
+        .message()
+        .await
+        .expect("a reply")
+        .map(|r| r.message_response)
+    {
+        Some(Some(MessageResponse::FileDescriptorResponse(files))) => {
+            let holds = |name: &str| {
+                files
+                    .file_descriptor_proto
+                    .iter()
+                    .any(|file| file.windows(name.len()).any(|w| w == name.as_bytes()))
+            };
+            for name in [
+                "envoy/service/ratelimit/v3/rls.proto",
+                "envoy/extensions/common/ratelimit/v3/ratelimit.proto",
+                "envoy/config/core/v3/base.proto",
+            ] {
+                assert!(holds(name), "{name} in the answer for the Envoy service");
+            }
+        }
+        other => panic!("no file descriptor for the Envoy service: {other:?}"),
     }
 }
