@@ -38,9 +38,21 @@ fn envoy_rls_descriptors(out: &std::path::Path) -> Result<(), Box<dyn std::error
     println!("cargo:rerun-if-changed=Cargo.lock");
     let metadata = std::process::Command::new(cargo)
         // Only this target's packages; a `cargo build` has not downloaded the tests' own
-        // dependencies yet, so this may fetch them (as `cargo test` would).
-        .args(["metadata", "--format-version", "1", "--filter-platform"])
+        // dependencies yet, so this may fetch them (as `cargo test` would), unless the
+        // build is offline. The lock is the one this build resolved: never rewritten here.
+        .args([
+            "metadata",
+            "--format-version",
+            "1",
+            "--locked",
+            "--filter-platform",
+        ])
         .arg(std::env::var("TARGET")?)
+        .args(
+            std::env::var("CARGO_NET_OFFLINE")
+                .is_ok_and(|offline| offline == "true")
+                .then_some("--offline"),
+        )
         .arg("--manifest-path")
         .arg(&manifest)
         .output()?;
@@ -52,13 +64,19 @@ fn envoy_rls_descriptors(out: &std::path::Path) -> Result<(), Box<dyn std::error
         .into());
     }
     let metadata: serde_json::Value = serde_json::from_slice(&metadata.stdout)?;
+    // The envoy-types this package depends on (the lock may hold other versions); the
+    // manifest named is this package's, so it is the resolve's root.
+    let root = metadata["resolve"]["root"].clone();
+    let envoy_id = metadata["resolve"]["nodes"]
+        .as_array()
+        .and_then(|nodes| nodes.iter().find(|node| node["id"] == root))
+        .and_then(|node| node["deps"].as_array())
+        .and_then(|deps| deps.iter().find(|dep| dep["name"] == "envoy_types"))
+        .and_then(|dep| dep["pkg"].as_str())
+        .ok_or("cargo metadata shows no envoy-types dependency of this package")?;
     let envoy_manifest = metadata["packages"]
         .as_array()
-        .and_then(|packages| {
-            packages
-                .iter()
-                .find(|package| package["name"] == "envoy-types")
-        })
+        .and_then(|packages| packages.iter().find(|package| package["id"] == envoy_id))
         .and_then(|package| package["manifest_path"].as_str())
         .ok_or("cargo metadata lists no envoy-types package")?;
     let set_path = std::path::Path::new(envoy_manifest)

@@ -143,11 +143,10 @@ impl UnixSocket {
             Err(e) => return Err(e),
         }
         let listener = UnixListener::bind(path)?;
+        // From here on the file is this node's: an error below removes it.
+        let file = SocketFile::of(path)?;
         std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o660))?;
-        Ok(Self {
-            listener,
-            file: SocketFile::of(path)?,
-        })
+        Ok(Self { listener, file })
     }
 }
 

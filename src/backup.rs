@@ -178,13 +178,13 @@ pub async fn save(target: &SaveTarget, file: &Path) -> anyhow::Result<Summary> {
 fn write_durably(file: &Path, data: &[u8]) -> anyhow::Result<()> {
     use std::os::unix::fs::OpenOptionsExt;
     let partial = with_suffix(file, ".partial");
-    // A file left by an earlier save keeps its mode when opened: start from none.
+    // A file left by an earlier save is removed: a new one is made, never one that is
+    // there (it would keep its mode, or be a link elsewhere).
     let _ = std::fs::remove_file(&partial);
     // Only its owner reads it: it holds every tenant's state.
     let written = std::fs::OpenOptions::new()
         .write(true)
-        .create(true)
-        .truncate(true)
+        .create_new(true)
         .mode(0o600)
         .open(&partial)
         .and_then(|mut out| {
@@ -312,18 +312,31 @@ fn check_member(config: &NodeConfig, body: &SnapshotBody, file: &Path) -> anyhow
 }
 
 fn ensure_empty(data_dir: &Path) -> anyhow::Result<()> {
-    let mut entries = match std::fs::read_dir(data_dir) {
+    let entries = match std::fs::read_dir(data_dir) {
         Ok(entries) => entries,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
         Err(e) => return Err(e).with_context(|| format!("reading {}", data_dir.display())),
     };
-    if let Some(entry) = entries.next() {
+    let mut names = Vec::new();
+    for entry in entries {
         let entry = entry.with_context(|| format!("reading {}", data_dir.display()))?;
+        // A file system's own root (a data dir of its own mount) holds it from the start.
+        if entry.file_name() != "lost+found" {
+            names.push(entry.file_name().to_string_lossy().into_owned());
+        }
+    }
+    if names.iter().any(|name| name == RESTORE_MARKER) {
         bail!(
-            "data_dir: {} is not empty (it holds {}); restore seeds an empty data dir only: \
-             stop the node and move the old one away first",
-            data_dir.display(),
-            entry.file_name().to_string_lossy()
+            "data_dir: {} holds an earlier restore that did not finish ({RESTORE_MARKER}): \
+             empty it and restore again",
+            data_dir.display()
+        );
+    }
+    if let Some(name) = names.first() {
+        bail!(
+            "data_dir: {} is not empty (it holds {name}); restore seeds an empty data dir \
+             only: stop the node and move what is there away first",
+            data_dir.display()
         );
     }
     Ok(())
@@ -357,6 +370,7 @@ async fn seed(
         .with_context(|| format!("writing the vote into {}", log_path.display()))?;
     drop(state);
     drop(log);
+    // sled's files and every directory under state.sled: the marker goes only after.
     disk.flush_to_disk()
         .with_context(|| format!("syncing {}", sled_path.display()))?;
     Ok(())

@@ -267,28 +267,57 @@ async fn reflection_lists_the_edge_services_and_describes_them() {
         }
         other => panic!("no file descriptor for ankusa.fleet.v1.Fleet: {other:?}"),
     }
-    // Envoy's service comes with the files it imports, so a client can decode its messages.
-    match answers
-        .message()
-        .await
-        .expect("a reply")
-        .map(|r| r.message_response)
-    {
-        Some(Some(MessageResponse::FileDescriptorResponse(files))) => {
-            let holds = |name: &str| {
-                files
-                    .file_descriptor_proto
-                    .iter()
-                    .any(|file| file.windows(name.len()).any(|w| w == name.as_bytes()))
-            };
-            for name in [
-                "envoy/service/ratelimit/v3/rls.proto",
-                "envoy/extensions/common/ratelimit/v3/ratelimit.proto",
-                "envoy/config/core/v3/base.proto",
-            ] {
-                assert!(holds(name), "{name} in the answer for the Envoy service");
-            }
+    // Envoy's service is in rls.proto, and every file it imports, to the last, is served
+    // too: a client can decode its messages.
+    let names_in = |response: Option<MessageResponse>| -> Vec<prost_types::FileDescriptorProto> {
+        match response {
+            Some(MessageResponse::FileDescriptorResponse(files)) => files
+                .file_descriptor_proto
+                .iter()
+                .map(|bytes| prost::Message::decode(bytes.as_slice()).expect("a file descriptor"))
+                .collect(),
+            other => panic!("not a file descriptor answer: {other:?}"),
         }
-        other => panic!("no file descriptor for the Envoy service: {other:?}"),
+    };
+    let rls = names_in(
+        answers
+            .message()
+            .await
+            .expect("a reply")
+            .and_then(|r| r.message_response),
+    );
+    assert_eq!(
+        rls.iter().map(|file| file.name()).collect::<Vec<_>>(),
+        ["envoy/service/ratelimit/v3/rls.proto"]
+    );
+    let mut due: Vec<String> = rls[0].dependency.clone();
+    let mut served = std::collections::BTreeSet::new();
+    while let Some(name) = due.pop() {
+        if !served.insert(name.clone()) {
+            continue;
+        }
+        let mut answer = client
+            .server_reflection_info(tokio_stream::iter([ask(MessageRequest::FileByFilename(
+                name.clone(),
+            ))]))
+            .await
+            .expect("reflection answers")
+            .into_inner();
+        let files = names_in(
+            answer
+                .message()
+                .await
+                .expect("a reply")
+                .and_then(|r| r.message_response),
+        );
+        let file = files
+            .iter()
+            .find(|file| file.name() == name)
+            .unwrap_or_else(|| panic!("{name} is not served"));
+        due.extend(file.dependency.iter().cloned());
     }
+    assert!(
+        served.contains("envoy/config/core/v3/base.proto") && served.len() >= 20,
+        "the files rls.proto imports: {served:?}"
+    );
 }

@@ -199,22 +199,38 @@ struct Job {
     /// When its caller stops waiting: `timeout_ms` is set from it as the hit is sent, so
     /// time spent queued here is not the node's to spend.
     deadline: tokio::time::Instant,
+    /// The call's whole deadline, for its `Timeout`.
+    budget: Duration,
     reply: oneshot::Sender<Result<pb::HitResponse, Error>>,
 }
 
+/// The replies due on one stream, oldest first.
+type Waiting = VecDeque<oneshot::Sender<Result<pb::HitResponse, Error>>>;
+
 impl Job {
-    /// The request to send now, with what is left of the deadline; None once it passed
-    /// (or the caller gave up): the node need not work for nobody.
-    fn take_request(&mut self) -> Option<pb::HitRequest> {
+    /// Sends the hit on `requests` with what is left of its deadline and queues its reply
+    /// in `waiting`. A hit whose deadline passed is not sent (the node need not work for
+    /// nobody): its caller is answered `Timeout` at once.
+    fn send(mut self, requests: &mpsc::UnboundedSender<pb::HitRequest>, waiting: &mut Waiting) {
         let left = self
             .deadline
-            .checked_duration_since(tokio::time::Instant::now())?;
-        if self.reply.is_closed() || left.is_zero() {
-            return None;
+            .checked_duration_since(tokio::time::Instant::now())
+            .filter(|left| !left.is_zero());
+        let Some(left) = left else {
+            let _ = self.reply.send(Err(Error::Timeout(self.budget)));
+            return;
+        };
+        if self.reply.is_closed() {
+            return;
         }
-        let mut request = std::mem::take(&mut self.request);
-        request.timeout_ms = node_timeout_ms(left);
-        Some(request)
+        self.request.timeout_ms = node_timeout_ms(left);
+        match requests.send(self.request) {
+            Ok(()) => waiting.push_back(self.reply),
+            Err(_) => {
+                let closed = Error::Unavailable("the hit stream closed".to_owned());
+                let _ = self.reply.send(Err(closed));
+            }
+        }
     }
 }
 
@@ -264,6 +280,7 @@ impl Client {
         let job = Job {
             request,
             deadline: tokio::time::Instant::now() + deadline,
+            budget: deadline,
             reply,
         };
         let call = async {
@@ -464,43 +481,35 @@ async fn run_stream(
     mut jobs: mpsc::Receiver<Job>,
     open_timeout: Duration,
 ) {
-    while let Some(mut first) = jobs.recv().await {
+    while let Some(first) = jobs.recv().await {
         // A caller that gave up before its turn needs no stream.
-        let Some(request) = first.take_request() else {
+        if first.reply.is_closed() {
             continue;
-        };
-        let (requests, outgoing) = mpsc::unbounded_channel();
-        let mut waiting = VecDeque::new();
-        // The first hit is queued before the stream opens: it is sent as soon as it does.
-        if requests.send(request).is_ok() {
-            waiting.push_back(first.reply);
         }
+        let (requests, outgoing) = mpsc::unbounded_channel();
+        let mut waiting = Waiting::new();
         let mut opener = client.clone();
         let stream = tokio_stream::wrappers::UnboundedReceiverStream::new(outgoing);
-        let mut replies = match tokio::time::timeout(open_timeout, opener.hit_stream(stream)).await
-        {
+        let opened = tokio::time::timeout(open_timeout, opener.hit_stream(stream)).await;
+        let mut replies = match opened {
             Ok(Ok(response)) => response.into_inner(),
             Ok(Err(status)) => {
-                fail_all(&mut waiting, &Error::from(status));
+                let _ = first.reply.send(Err(Error::from(status)));
                 continue;
             }
             Err(_) => {
                 let error = Error::Unavailable(format!("no stream within {open_timeout:?}"));
-                fail_all(&mut waiting, &error);
+                let _ = first.reply.send(Err(error));
                 continue;
             }
         };
+        // Sent once the stream is open, with what is left of its deadline then.
+        first.send(&requests, &mut waiting);
         let mut accepting = true;
         loop {
             tokio::select! {
                 job = jobs.recv(), if accepting && waiting.len() < IN_FLIGHT_MAX => match job {
-                    Some(mut job) => {
-                        if let Some(request) = job.take_request() {
-                            if requests.send(request).is_ok() {
-                                waiting.push_back(job.reply);
-                            }
-                        }
-                    }
+                    Some(job) => job.send(&requests, &mut waiting),
                     // Every client is gone: collect the replies still due, then stop.
                     None if waiting.is_empty() => return,
                     None => accepting = false,
@@ -535,10 +544,7 @@ async fn run_stream(
     }
 }
 
-fn fail_all(
-    waiting: &mut VecDeque<oneshot::Sender<Result<pb::HitResponse, Error>>>,
-    error: &Error,
-) {
+fn fail_all(waiting: &mut Waiting, error: &Error) {
     for waiter in waiting.drain(..) {
         let _ = waiter.send(Err(error.clone()));
     }

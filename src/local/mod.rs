@@ -595,9 +595,23 @@ mod tests {
             keys.sort();
             keys
         };
+        // sled lets go of its file lock from a thread of its own, a moment after the last
+        // handle is dropped: a reopen waits for it, within a deadline.
+        let reopen = || {
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+            loop {
+                match crate::storage::sled_disk::SledDisk::open(&sled_path, 1 << 20) {
+                    Ok(disk) => return disk,
+                    Err(e) if std::time::Instant::now() < deadline => {
+                        tracing::debug!(error = %e, "state.sled still locked");
+                        std::thread::sleep(std::time::Duration::from_millis(20));
+                    }
+                    Err(e) => panic!("sled: {e:?}"),
+                }
+            }
+        };
         for _ in 0..2 {
-            let disk =
-                crate::storage::sled_disk::SledDisk::open(&sled_path, 1 << 20).expect("sled");
+            let disk = reopen();
             let fallback = Fallback::open(dir.path(), &disk, 1, budget).expect("reopen");
             assert_eq!(queued_keys(&fallback), ["kept", "lost"]);
             disk.flush_to_disk().expect("flush");
