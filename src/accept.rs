@@ -167,11 +167,6 @@ impl SocketFile {
             id: (meta.dev(), meta.ino()),
         })
     }
-
-    /// The socket's path.
-    pub fn path(&self) -> &Path {
-        &self.path
-    }
 }
 
 impl Drop for SocketFile {

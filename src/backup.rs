@@ -198,7 +198,7 @@ fn write_durably(file: &Path, data: &[u8]) -> anyhow::Result<()> {
     }
     std::fs::rename(&partial, file)
         .with_context(|| format!("renaming {} to {}", partial.display(), file.display()))?;
-    sync_dir(&parent_of(file))
+    sync_dir(crate::storage::parent_dir(file))
 }
 
 fn with_suffix(path: &Path, suffix: &str) -> PathBuf {
@@ -207,17 +207,8 @@ fn with_suffix(path: &Path, suffix: &str) -> PathBuf {
     PathBuf::from(name)
 }
 
-fn parent_of(path: &Path) -> PathBuf {
-    match path.parent() {
-        Some(parent) if !parent.as_os_str().is_empty() => parent.to_path_buf(),
-        _ => PathBuf::from("."),
-    }
-}
-
 fn sync_dir(dir: &Path) -> anyhow::Result<()> {
-    std::fs::File::open(dir)
-        .and_then(|dir| dir.sync_all())
-        .with_context(|| format!("syncing directory {}", dir.display()))
+    crate::storage::sync_dir(dir).with_context(|| format!("syncing directory {}", dir.display()))
 }
 
 /// Reads and checks a snapshot file: its size, header, checksum and body; the error names
@@ -260,7 +251,7 @@ pub async fn restore(config: &NodeConfig, file: &Path) -> anyhow::Result<Summary
     ensure_empty(data_dir)?;
     std::fs::create_dir_all(data_dir)
         .with_context(|| format!("creating {}", data_dir.display()))?;
-    sync_dir(&parent_of(data_dir))?;
+    sync_dir(crate::storage::parent_dir(data_dir))?;
     // Written first and removed last: a node refuses to start while it is there, so a
     // restore cut short never passes for a data dir.
     let marker = data_dir.join(RESTORE_MARKER);

@@ -163,22 +163,15 @@ fn open_dir(path: &Path) -> Result<(), StartError> {
         path: path.display().to_string(),
         source,
     })?;
-    let parent = match path.parent() {
-        Some(parent) if !parent.as_os_str().is_empty() => parent,
-        _ => Path::new("."),
-    };
-    sync_dir(parent)
+    sync_dir(crate::storage::parent_dir(path))
 }
 
-/// fsyncs a directory, so the names created in it survive a power cut (a new file is not
-/// durable until its directory entry is).
+/// fsyncs a directory ([`crate::storage::sync_dir`]); the error names it.
 fn sync_dir(path: &Path) -> Result<(), StartError> {
-    std::fs::File::open(path)
-        .and_then(|dir| dir.sync_all())
-        .map_err(|source| StartError::DataDir {
-            path: path.display().to_string(),
-            source,
-        })
+    crate::storage::sync_dir(path).map_err(|source| StartError::DataDir {
+        path: path.display().to_string(),
+        source,
+    })
 }
 
 /// Opens `state.sled`; sled's errors and panics name it.

@@ -380,13 +380,7 @@ fn put_in_place(path: &Path, bytes: &[u8]) -> Result<(), Placed> {
         let _ = std::fs::remove_file(&tmp);
         return Err(Placed::No(e));
     }
-    let dir = path
-        .parent()
-        .filter(|dir| !dir.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
-    File::open(dir)
-        .and_then(|dir| dir.sync_all())
-        .map_err(Placed::NameNotSynced)
+    crate::storage::sync_dir(crate::storage::parent_dir(path)).map_err(Placed::NameNotSynced)
 }
 
 fn encode_record(

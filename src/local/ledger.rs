@@ -16,10 +16,16 @@ use crate::state::{BucketKey, Charge, TenantId};
 #[derive(Default)]
 pub struct ChargeLedger {
     spent: Mutex<HashMap<BucketKey, (u64, u64)>>,
+    rounds: Mutex<Rounds>,
+}
+
+/// The rounds made from the ledger.
+#[derive(Default)]
+struct Rounds {
     /// The round sent and not answered yet.
-    in_flight: Mutex<Option<AbsorbRound>>,
+    in_flight: Option<AbsorbRound>,
     /// The number of the last round made, so the next one is above it.
-    last_round: Mutex<u64>,
+    last: u64,
 }
 
 /// One round of charges for the fleet to absorb.
@@ -41,31 +47,34 @@ impl ChargeLedger {
     /// node (a wiped data dir too), unless the wall clock went back past it meanwhile (then
     /// the round is not absorbed: under-charged, as a restart forgets a ledger).
     pub fn next_round(&self, floor: u64, now_us: u64) -> Option<AbsorbRound> {
-        let mut in_flight = lock(&self.in_flight);
-        if let Some(round) = in_flight.as_ref() {
+        let mut rounds = lock(&self.rounds);
+        if let Some(round) = rounds.in_flight.as_ref() {
             return Some(round.clone());
         }
         let charges = self.take();
         if charges.is_empty() {
             return None;
         }
-        let mut last = lock(&self.last_round);
-        *last = now_us
+        rounds.last = now_us
             .max(floor.saturating_add(1))
-            .max(last.saturating_add(1));
+            .max(rounds.last.saturating_add(1));
         let round = AbsorbRound {
-            round: *last,
+            round: rounds.last,
             charges,
         };
-        *in_flight = Some(round.clone());
+        rounds.in_flight = Some(round.clone());
         Some(round)
     }
 
     /// The fleet answered round `round`: it is done.
     pub fn confirm(&self, round: u64) {
-        let mut in_flight = lock(&self.in_flight);
-        if in_flight.as_ref().is_some_and(|sent| sent.round == round) {
-            *in_flight = None;
+        let mut rounds = lock(&self.rounds);
+        if rounds
+            .in_flight
+            .as_ref()
+            .is_some_and(|sent| sent.round == round)
+        {
+            rounds.in_flight = None;
         }
     }
 
@@ -99,8 +108,11 @@ impl ChargeLedger {
     /// How many charges wait to be reconciled: recorded, or in the round not answered yet.
     pub fn len(&self) -> usize {
         // Both at once, in `next_round`'s order: a round being made is counted once.
-        let in_flight = lock(&self.in_flight);
-        let sent = in_flight.as_ref().map_or(0, |round| round.charges.len());
+        let rounds = lock(&self.rounds);
+        let sent = rounds
+            .in_flight
+            .as_ref()
+            .map_or(0, |round| round.charges.len());
         self.lock().len() + sent
     }
 
@@ -110,7 +122,7 @@ impl ChargeLedger {
     pub fn forget_tenant(&self, tenant: &TenantId) {
         let of_tenant = |bucket: &BucketKey| matches!(bucket, BucketKey::Tenant { tenant: t, .. } if t == tenant);
         self.lock().retain(|bucket, _| !of_tenant(bucket));
-        if let Some(round) = lock(&self.in_flight).as_mut() {
+        if let Some(round) = lock(&self.rounds).in_flight.as_mut() {
             round.charges.retain(|charge| !of_tenant(&charge.bucket));
         }
     }

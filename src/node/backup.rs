@@ -26,7 +26,6 @@ impl Node {
     /// confirms the leader or no snapshot covers the read within a minute, `Fatal`
     /// when the stored snapshot cannot be read.
     pub async fn backup(&self) -> Result<(LogId, Vec<u8>), NodeError> {
-        self.ensure_leader()?;
         let started = tokio::time::Instant::now();
         let read = tokio::time::timeout(BACKUP_WAIT, self.raft.ensure_linearizable())
             .await
@@ -35,8 +34,13 @@ impl Node {
             })?
             .map_err(read_error)?;
         loop {
-            if let Some(found) = self.covering_snapshot(read).await? {
-                return Ok(found);
+            // The stored bytes are read only once openraft reports a snapshot that covers
+            // the read, not on every wait.
+            let reported = self.raft.metrics().borrow().snapshot >= read;
+            if reported {
+                if let Some(found) = self.covering_snapshot(read).await? {
+                    return Ok(found);
+                }
             }
             if started.elapsed() >= BACKUP_WAIT {
                 return Err(NodeError::Unavailable {

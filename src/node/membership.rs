@@ -11,7 +11,7 @@ use super::{Node, NodeError};
 use crate::raft::{MemberNode, NodeId};
 
 impl Node {
-    pub(super) fn ensure_leader(&self) -> Result<(), NodeError> {
+    fn ensure_leader(&self) -> Result<(), NodeError> {
         let status = self.status();
         if status.leader_id == Some(self.id) {
             return Ok(());

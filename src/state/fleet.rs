@@ -160,9 +160,8 @@ impl FleetState {
     }
 
     /// A digest of the live state: its clock, every live bucket and claim, and the absorb
-    /// rounds. Each item's
-    /// hash is summed, so replicas that applied the same entries have the same digest
-    /// whatever order their maps hold the items in. It reads every item. The hasher is
+    /// rounds. Each item's hash is summed, so replicas that applied the same entries have
+    /// the same digest whatever order their maps hold the items in. It reads every item. The hasher is
     /// std's with fixed keys: the same in every process of one build, not across builds.
     pub fn digest(&self) -> u64 {
         use std::hash::{DefaultHasher, Hash, Hasher};

@@ -6,6 +6,24 @@
 pub mod record;
 pub mod sled_disk;
 
+use std::path::Path;
+
+/// fsyncs directory `dir`, so the names created in it survive a power cut (a new file is
+/// not durable until its directory entry is).
+///
+/// # Errors
+/// When the directory cannot be opened or synced.
+pub fn sync_dir(dir: &Path) -> std::io::Result<()> {
+    std::fs::File::open(dir)?.sync_all()
+}
+
+/// The directory that holds `path`: its parent, or `.` for a bare name.
+pub fn parent_dir(path: &Path) -> &Path {
+    path.parent()
+        .filter(|parent| !parent.as_os_str().is_empty())
+        .unwrap_or(Path::new("."))
+}
+
 /// Runs `work`, a library's open or read of a file, and turns a panic into its message:
 /// redb panics on some damage (a file cut short), and a damaged file must give the node an
 /// error naming it, never a crash.

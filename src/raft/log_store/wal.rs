@@ -145,9 +145,7 @@ fn segment_name(first_index: u64) -> String {
 }
 
 fn sync_dir(dir: &Path) -> Result<()> {
-    File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(|e| io_error(dir, "fsync directory", e))
+    crate::storage::sync_dir(dir).map_err(|e| io_error(dir, "fsync directory", e))
 }
 
 /// Writes zeros over `[from, to)` of `file`.
