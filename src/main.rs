@@ -71,7 +71,7 @@ enum Cmd {
         #[arg(long, default_value_t = 5)]
         deadline_slack_ms: u64,
         /// Plant a known bug in every node (duplicate_for_pending, forget_queued_settle,
-        /// own_clock, early_follower_ack), to see the checkers catch it.
+        /// own_clock, early_follower_ack, one_charge_over), to see the checkers catch it.
         #[arg(long)]
         plant_bug: Option<String>,
         /// The fault kinds to draw from, comma-separated: partition, pause, kill, lost,

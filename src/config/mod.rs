@@ -139,6 +139,9 @@ pub enum PlantedBug {
     /// Report a follower's appended entries to openraft before they are fsynced, so the
     /// leader counts them towards a quorum while they could still be lost.
     EarlyFollowerAck,
+    /// Grant one charge more than a bucket holds: every charge of a hit goes on with its
+    /// capacity raised by one increment.
+    OneChargeOver,
 }
 
 /// Defaults for every optional key.

@@ -581,6 +581,8 @@ impl Outcomes {
             "recovery",
             "convergence",
             "linearizability inconclusive",
+            "bucket linearizability",
+            "bucket linearizability inconclusive",
         ] {
             by_checker.insert(checker, 0);
         }
@@ -589,8 +591,10 @@ impl Outcomes {
         }
         let _ = writeln!(
             out,
-            "anomalies: {by_checker:?} ({} claim keys checked for linearizability in {:.1} s, {} inconclusive: {:?})",
+            "anomalies: {by_checker:?} ({} claim keys and {} bucket stretches ({} fleet answers) checked for linearizability in {:.1} s, {} keys inconclusive: {:?})",
             self.findings.keys_checked,
+            self.findings.buckets_checked.0,
+            self.findings.buckets_checked.1,
             self.findings.checked_in.as_secs_f64(),
             self.findings.inconclusive_keys.len(),
             self.findings.inconclusive_keys

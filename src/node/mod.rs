@@ -199,7 +199,12 @@ impl Node {
     ///
     /// # Errors
     /// When the fleet could not answer in time, or the local claim index failed.
-    pub async fn hit(&self, input: HitInput) -> Result<Decided<HitAnswer>, NodeError> {
+    pub async fn hit(&self, mut input: HitInput) -> Result<Decided<HitAnswer>, NodeError> {
+        if self.planted_bug == Some(PlantedBug::OneChargeOver) {
+            for charge in &mut input.charges {
+                charge.capacity_us = charge.capacity_us.saturating_add(charge.increment_us);
+            }
+        }
         let decided = self.decide_hit(&input).await?;
         Ok(self.with_planted_bug(decided, input.claim.as_ref()))
     }

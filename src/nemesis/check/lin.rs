@@ -19,7 +19,9 @@
 //! takes effect, as a reconciled commit or a release, at some time between its invocation
 //! and the moment the healed fleet had handed over every local decision.
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap};
+
+use super::search;
 
 use crate::nemesis::history::{Answer, Decided, Op, Outcome, Request};
 
@@ -279,94 +281,14 @@ fn apply(states: &States, call: &Call) -> States {
 
 /// The search over one key's calls.
 fn check_key(calls: &[Call]) -> Verdict {
-    // Events: (time, is_return, call); calls sort before returns at the same time, so
-    // calls that touch in time count as overlapping (the lenient reading).
-    let mut events: Vec<(u64, bool, usize)> = Vec::with_capacity(calls.len() * 2);
-    for (index, call) in calls.iter().enumerate() {
-        events.push((call.invoke_us, false, index));
-        events.push((call.return_us.unwrap_or(u64::MAX), true, index));
+    let span = |call: &Call| (call.invoke_us, call.return_us.unwrap_or(u64::MAX));
+    let initial: States = BTreeSet::from([Claim::Free]);
+    let place = |states: &States, call: &Call| Some(apply(states, call)).filter(|s| !s.is_empty());
+    match search::search(calls, span, initial, place, STEPS_MAX) {
+        search::Found::Linearizable => Verdict::Linearizable,
+        search::Found::NotLinearizable { .. } => not_linearizable(calls),
+        search::Found::Inconclusive => Verdict::Inconclusive,
     }
-    events.sort();
-    let n = events.len();
-    if n == 0 {
-        return Verdict::Linearizable;
-    }
-    // A circular doubly linked list over the events through a sentinel at `n`, which is
-    // both the head (`next[n]`) and the end (`next[last] == n`).
-    let mut next: Vec<usize> = (1..=n).collect();
-    next.push(0);
-    let mut prev: Vec<usize> = (0..n).map(|i| if i == 0 { n } else { i - 1 }).collect();
-    prev.push(n - 1);
-    let end = n;
-    let mut return_of = vec![0; calls.len()];
-    for (position, (_, is_return, call)) in events.iter().enumerate() {
-        if *is_return {
-            return_of[*call] = position;
-        }
-    }
-    let unlink = |next: &mut Vec<usize>, prev: &mut Vec<usize>, at: usize| {
-        let (p, q) = (prev[at], next[at]);
-        next[p] = q;
-        prev[q] = p;
-    };
-    let relink = |next: &mut Vec<usize>, prev: &mut Vec<usize>, at: usize| {
-        let (p, q) = (prev[at], next[at]);
-        next[p] = at;
-        prev[q] = at;
-    };
-    let mut done = vec![0u64; calls.len().div_ceil(64)];
-    let mut seen: HashSet<(Vec<u64>, States)> = HashSet::new();
-    let mut stack: Vec<(usize, States)> = Vec::new();
-    let mut states: States = BTreeSet::from([Claim::Free]);
-    let mut entry = next[n];
-    let mut steps = 0u64;
-    while next[n] != end {
-        steps += 1;
-        if steps > STEPS_MAX {
-            return Verdict::Inconclusive;
-        }
-        if entry == end {
-            // Every remaining call was tried here: go back one.
-            let Some((at, before)) = stack.pop() else {
-                return not_linearizable(calls);
-            };
-            let call = events[at].2;
-            done[call / 64] &= !(1 << (call % 64));
-            relink(&mut next, &mut prev, return_of[call]);
-            relink(&mut next, &mut prev, at);
-            states = before;
-            entry = next[at];
-            continue;
-        }
-        let (_, is_return, call) = events[entry];
-        if is_return {
-            // A call returned before any order could place it: go back one.
-            let Some((at, before)) = stack.pop() else {
-                return not_linearizable(calls);
-            };
-            let back = events[at].2;
-            done[back / 64] &= !(1 << (back % 64));
-            relink(&mut next, &mut prev, return_of[back]);
-            relink(&mut next, &mut prev, at);
-            states = before;
-            entry = next[at];
-            continue;
-        }
-        let after = apply(&states, &calls[call]);
-        if !after.is_empty() {
-            done[call / 64] |= 1 << (call % 64);
-            if seen.insert((done.clone(), after.clone())) {
-                stack.push((entry, std::mem::replace(&mut states, after)));
-                unlink(&mut next, &mut prev, entry);
-                unlink(&mut next, &mut prev, return_of[call]);
-                entry = next[n];
-                continue;
-            }
-            done[call / 64] &= !(1 << (call % 64));
-        }
-        entry = next[entry];
-    }
-    Verdict::Linearizable
 }
 
 fn not_linearizable(calls: &[Call]) -> Verdict {

@@ -1,8 +1,10 @@
 //! The checkers a nemesis history goes through; each returns the anomalies it found.
 
+pub mod bucket;
 pub mod budget;
 pub mod claims;
 pub mod lin;
+mod search;
 
 use crate::nemesis::history::Op;
 
@@ -63,6 +65,8 @@ pub struct Findings {
     pub inconclusive_keys: Vec<String>,
     /// Keys checked for linearizability.
     pub keys_checked: usize,
+    /// Bucket stretches checked for linearizability, and the fleet answers in them.
+    pub buckets_checked: (usize, usize),
     /// How long the checkers took.
     pub checked_in: std::time::Duration,
     /// The log index every replica reached with one state digest, and how many replicas.
@@ -116,6 +120,30 @@ pub fn all(run: &Run<'_>) -> Findings {
                 detail: format!(
                     "claim key {key}: no order of its {} calls explains the fleet's answers",
                     ops.len()
+                ),
+                ops,
+            }),
+        }
+    }
+    for checked in bucket::check(history, run.bucket, run.skewed) {
+        findings.buckets_checked.0 += 1;
+        findings.buckets_checked.1 += checked.calls;
+        let stretch = format!(
+            "tenant {}, stretch from {} µs ({} fleet answers)",
+            checked.tenant, checked.from_us, checked.calls
+        );
+        match checked.verdict {
+            bucket::Verdict::Linearizable => {}
+            bucket::Verdict::Inconclusive => findings.anomalies.push(Anomaly {
+                checker: "bucket linearizability inconclusive",
+                detail: format!("{stretch}: the search ran out of steps"),
+                ops: Vec::new(),
+            }),
+            bucket::Verdict::NotLinearizable { ops, stuck } => findings.anomalies.push(Anomaly {
+                checker: "bucket linearizability",
+                detail: format!(
+                    "{stretch}: no order and stamps explain the fleet's answers; the longest \
+                     explained prefix stops before op {stuck}"
                 ),
                 ops,
             }),
