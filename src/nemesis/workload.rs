@@ -34,6 +34,11 @@ pub const BUCKET: crate::nemesis::check::budget::Bucket = crate::nemesis::check:
     increment_us: 100_000,
     capacity_us: 1_000_000,
 };
+// The bucket search (`check::bucket`) works on a 1 ms grid: the bucket must fit it.
+const _: () = assert!(
+    BUCKET.increment_us % crate::nemesis::check::bucket::GRID_US == 0
+        && BUCKET.capacity_us % crate::nemesis::check::bucket::GRID_US == 0
+);
 /// How long a set of keys is fresh.
 pub const KEY_WINDOW_MS: u64 = 2_000;
 /// Keys fresh at once, shared by every node.

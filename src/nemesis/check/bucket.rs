@@ -147,7 +147,7 @@ impl Model {
         call: &Call,
         out: &mut Vec<State>,
         later: &mut Diagonals,
-    ) -> bool {
+    ) -> Option<u64> {
         let latest = Self::latest(state, call);
         // The earliest stamp with room: the bucket must have drained to C − I.
         let at = state
@@ -155,7 +155,7 @@ impl Model {
             .max(call.from)
             .max((state.tat + self.increment).saturating_sub(self.capacity));
         if at > latest {
-            return false;
+            return None;
         }
         out.push(State {
             tat: state.tat.max(at) + self.increment,
@@ -165,10 +165,11 @@ impl Model {
         // A stamp after the bucket emptied leaves it holding one increment, at any clock
         // up to the return.
         later.add(*state, self.increment, state.tat.max(at) + 1, latest);
-        true
+        Some(at)
     }
 
-    /// An `allowed`, with a pooled reset just before it if it needs one.
+    /// An `allowed`, and also one with a pooled reset just before it if without one it had
+    /// to wait for the bucket to drain (or could not pass at all).
     fn allowed_or_reset(
         &self,
         state: &State,
@@ -176,7 +177,10 @@ impl Model {
         out: &mut Vec<State>,
         later: &mut Diagonals,
     ) {
-        if self.allowed(state, call, out, later) {
+        let waited = self
+            .allowed(state, call, out, later)
+            .is_none_or(|at| at > state.clock.max(call.from));
+        if !waited {
             return;
         }
         let Some(invoked) = self.resets.get(state.resets) else {
@@ -194,7 +198,7 @@ impl Model {
                 resets: state.resets + 1,
                 ..*state
             };
-            self.allowed(&emptied, call, out, later);
+            let _ = self.allowed(&emptied, call, out, later);
         }
     }
 
@@ -239,6 +243,17 @@ impl Model {
                 ..spent_state
             });
             if spent > 0 {
+                // A pooled charge may add less than an increment (it landed on an emptier
+                // bucket, or was capped), so the bucket may hold anything from the least a
+                // refusal needs up to `tat`. Later clocks need no such range: each of their
+                // TATs is reached here or on the diagonals below at an earlier clock.
+                for lower in (at + capacity).saturating_sub(increment)..tat {
+                    out.push(State {
+                        tat: lower,
+                        clock: at,
+                        ..spent_state
+                    });
+                }
                 let topped = state.tat + spent as u64 * increment;
                 // Below the old TAT, the pooled charges overfill the bucket while the clock
                 // is before `cap_ends`: a later stamp leaves it full at a later clock ...
@@ -619,6 +634,25 @@ mod tests {
         let mut after = history;
         after.extend((0..5).map(|i| charge(20 + i, (3_100_000, 3_101_000), local.clone())));
         assert!(!linearizable(&after));
+    }
+
+    /// A pooled charge may add less than an increment: an unknown charge that landed at
+    /// 1 ms on an empty bucket is partly drained when nine more come at 50 ms, so the
+    /// bucket is full enough to refuse at 60 ms and has room again at 102 ms.
+    #[test]
+    fn a_pooled_charge_may_have_added_less_than_an_increment() {
+        let mut history = vec![charge(
+            0,
+            (0, 300_000),
+            Outcome::Unknown("no answer".into()),
+        )];
+        history.extend((1..10).map(|i| charge(i, (50_000, 51_000), fleet(Answer::Allowed))));
+        history.push(charge(10, (60_000, 61_000), fleet(Answer::RateLimited)));
+        history.push(charge(11, (102_000, 103_000), fleet(Answer::Allowed)));
+        assert!(linearizable(&history));
+        // Without the unknown charge nothing fills the bucket enough to refuse.
+        history.remove(0);
+        assert!(!linearizable(&history));
     }
 
     /// Ten slow charges, all answered by 300 ms, may have been stamped at its end, leaving

@@ -24,7 +24,7 @@ pub(super) enum Found {
 }
 
 /// A set of states and the calls done so far, as the search remembers them: the calls as
-/// a bit set, the states by a 128-bit fingerprint (two independent SipHashes), so a big
+/// a bit set, the states by a 128-bit fingerprint (SipHash with two salts), so a big
 /// set costs 16 bytes. Two different sets sharing a fingerprint would make the search skip
 /// one of them; at 2^-128 a pair, over a few million steps, that does not happen.
 type Seen = (Vec<u64>, u64, u64);
@@ -178,7 +178,7 @@ mod tests {
             &calls,
             |call| (call.0, call.1),
             0u8,
-            // Nothing can ever be placed, so it tries every call at every depth.
+            // Nothing can ever be placed: unbounded, the search would end after 21 steps.
             |_, _| None::<u8>,
             5,
         );
