@@ -221,14 +221,11 @@ impl Model {
             if at > latest {
                 return;
             }
-            let raised = |now: u64| -> u64 {
-                if spent == 0 {
-                    state.tat
-                } else {
-                    (state.tat.max(now) + spent as u64 * increment).min(now + capacity)
-                }
+            let tat = if spent == 0 {
+                state.tat
+            } else {
+                (state.tat.max(at) + spent as u64 * increment).min(at + capacity)
             };
-            let tat = raised(at);
             // Denied when max(tat, now) + I − now > C; one grid step early here.
             if tat + increment < at + capacity {
                 continue;
@@ -237,23 +234,23 @@ impl Model {
                 charges: state.charges + spent,
                 ..*state
             };
-            out.push(State {
-                tat,
-                clock: at,
-                ..spent_state
-            });
+            // A pooled charge may add less than an increment (it landed on an emptier
+            // bucket, or was capped), so with any spent the bucket may hold anything from
+            // the least a refusal needs up to `tat`. Later clocks need no such range: each
+            // of their TATs is reached here or on the diagonals below at an earlier clock.
+            let least = if spent == 0 {
+                tat
+            } else {
+                (at + capacity).saturating_sub(increment)
+            };
+            for tat in least..=tat {
+                out.push(State {
+                    tat,
+                    clock: at,
+                    ..spent_state
+                });
+            }
             if spent > 0 {
-                // A pooled charge may add less than an increment (it landed on an emptier
-                // bucket, or was capped), so the bucket may hold anything from the least a
-                // refusal needs up to `tat`. Later clocks need no such range: each of their
-                // TATs is reached here or on the diagonals below at an earlier clock.
-                for lower in (at + capacity).saturating_sub(increment)..tat {
-                    out.push(State {
-                        tat: lower,
-                        clock: at,
-                        ..spent_state
-                    });
-                }
                 let topped = state.tat + spent as u64 * increment;
                 // Below the old TAT, the pooled charges overfill the bucket while the clock
                 // is before `cap_ends`: a later stamp leaves it full at a later clock ...
@@ -544,6 +541,11 @@ mod tests {
         }
     }
 
+    /// A charge the fleet refused, over 1 ms from `at_us`.
+    fn refused(id: usize, at_us: u64) -> Op {
+        charge(id, (at_us, at_us + 1_000), fleet(Answer::RateLimited))
+    }
+
     fn reset(id: usize, span: (u64, u64), outcome: Outcome) -> Op {
         Op {
             request: Request::Reset { tenant: "t".into() },
@@ -591,11 +593,7 @@ mod tests {
     #[test]
     fn a_burst_passes_up_to_the_capacity_and_no_further() {
         let mut history = burst(0, 1_000_000, 10);
-        history.push(charge(
-            10,
-            (1_020_000, 1_021_000),
-            fleet(Answer::RateLimited),
-        ));
+        history.push(refused(10, 1_020_000));
         assert!(linearizable(&history));
         // An over-charge: an eleventh allowed within 11 ms.
         let over = burst(0, 1_000_000, 11);
@@ -614,11 +612,7 @@ mod tests {
     #[test]
     fn a_refusal_with_room_is_not_linearizable_unless_pooled_charges_filled_the_bucket() {
         let mut history = burst(0, 1_000_000, 10);
-        history.push(charge(
-            10,
-            (3_000_000, 3_001_000),
-            fleet(Answer::RateLimited),
-        ));
+        history.push(refused(10, 3_000_000));
         assert!(!linearizable(&history));
         // Five grants a node made alone just before are ten pooled charges (each may be
         // charged by its own late commit and by the hand-over): they fill it.
@@ -647,7 +641,7 @@ mod tests {
             Outcome::Unknown("no answer".into()),
         )];
         history.extend((1..10).map(|i| charge(i, (50_000, 51_000), fleet(Answer::Allowed))));
-        history.push(charge(10, (60_000, 61_000), fleet(Answer::RateLimited)));
+        history.push(refused(10, 60_000));
         history.push(charge(11, (102_000, 103_000), fleet(Answer::Allowed)));
         assert!(linearizable(&history));
         // Without the unknown charge nothing fills the bucket enough to refuse.
@@ -664,11 +658,7 @@ mod tests {
             .collect();
         let refused_at = |at_us: u64| {
             let mut history = slow.clone();
-            history.push(charge(
-                10,
-                (at_us, at_us + 1_000),
-                fleet(Answer::RateLimited),
-            ));
+            history.push(refused(10, at_us));
             history
         };
         assert!(linearizable(&refused_at(299_000)));
@@ -711,11 +701,7 @@ mod tests {
         let refusals: Vec<Op> = (0..5)
             .map(|i| {
                 let at_us = 4_000_000 + i * 1_000_000;
-                charge(
-                    i as usize,
-                    (at_us, at_us + 1_000),
-                    fleet(Answer::RateLimited),
-                )
+                refused(i as usize, at_us)
             })
             .collect();
         assert_eq!(verdicts(&refusals, &skewed), vec![Verdict::Linearizable]);
@@ -732,11 +718,7 @@ mod tests {
         // Calls during the fault are left out, even eleven at once: the one stretch
         // checked holds only the refusal after it.
         let mut history = burst(0, 2_500_000, 11);
-        history.push(charge(
-            11,
-            (3_010_000, 3_011_000),
-            fleet(Answer::RateLimited),
-        ));
+        history.push(refused(11, 3_010_000));
         let checked = check(&history, BUCKET, &skewed);
         assert_eq!(checked.len(), 1, "{checked:?}");
         assert_eq!(
