@@ -15,6 +15,11 @@ echo "== python3 -m pip install -r examples/python/requirements.txt"
 # Pinned grpcio and grpcio-tools; a no-op once they are installed.
 python3 -m pip install --quiet --disable-pip-version-check --root-user-action=ignore \
     -r examples/python/requirements.txt
+if ! command -v openssl >/dev/null; then
+    # tests/identity.rs makes a fleet's certificates with openssl, as docs/security.md shows.
+    echo "== apt-get install openssl"
+    apt-get update -qq && apt-get install -y -qq openssl
+fi
 echo "== cargo test"
 # Cluster tests start real node processes; two at a time keeps a 2-core machine responsive.
 cargo test --all-targets --locked -- --test-threads 2

@@ -152,14 +152,15 @@ fn summary(body: &SnapshotBody, size_bytes: u64) -> Summary {
 /// the file cannot be written.
 pub async fn save(target: &SaveTarget, file: &Path) -> anyhow::Result<Summary> {
     let target = target.admin().await?;
-    let mut admin = target.connect().await?;
-    let mut chunks = admin
-        .save_snapshot(SaveSnapshotRequest {
-            cluster_id: target.cluster_id()?,
-        })
-        .await
-        .context("asking for a snapshot")?
-        .into_inner();
+    let request = SaveSnapshotRequest {
+        cluster_id: target.cluster_id()?,
+    };
+    let mut chunks = crate::cli::on_leader(&target, |mut admin| {
+        let request = request.clone();
+        async move { Ok(admin.save_snapshot(request).await?.into_inner()) }
+    })
+    .await
+    .context("asking for a snapshot")?;
     let mut data = Vec::new();
     while let Some(chunk) = chunks.message().await.context("receiving the snapshot")? {
         if (data.len() + chunk.data.len()) as u64 > SNAPSHOT_FILE_BYTES_MAX {

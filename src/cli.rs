@@ -39,17 +39,19 @@ pub struct AdminTarget {
 /// the fleet it names.
 #[derive(Debug, Clone, Default, clap::Args)]
 pub struct Credentials {
-    /// Use this node's `raft_addr` and `[peer_tls]` certificate.
+    /// Use this node's `raft_addr` and `[peer_tls]` (its CA; its node certificate unless
+    /// `--cert` and `--key` name another: a node's may only read `cluster status`).
     #[arg(long)]
     pub config: Option<PathBuf>,
     /// The fleet CA (PEM) that the node's certificate must chain to.
     #[arg(long, requires = "cert", requires = "key")]
     pub ca: Option<PathBuf>,
-    /// The certificate to present (e.g. `admin.pem` from `ankusa-fleet certs`).
-    #[arg(long, requires = "ca")]
+    /// The certificate to present (e.g. `admin.pem` from `ankusa-fleet certs`: only the
+    /// admin identity may add, remove, or save a backup).
+    #[arg(long, requires = "key")]
     pub cert: Option<PathBuf>,
     /// The certificate's private key.
-    #[arg(long, requires = "ca")]
+    #[arg(long, requires = "cert")]
     pub key: Option<PathBuf>,
     /// The fleet's `cluster_id` (default: `--config`'s, else the default `ankusa-fleet`).
     #[arg(long)]
@@ -81,16 +83,26 @@ impl AdminTarget {
     /// # Errors
     /// When no address is given, a file cannot be used, or the node cannot be reached.
     pub async fn connect(&self) -> anyhow::Result<AdminClient<tonic::transport::Channel>> {
+        self.connect_to(None).await
+    }
+
+    /// As [`AdminTarget::connect`], to `addr` instead of the target's own address when
+    /// given (the leader a follower named).
+    async fn connect_to(
+        &self,
+        addr: Option<&str>,
+    ) -> anyhow::Result<AdminClient<tonic::transport::Channel>> {
         let credentials = &self.credentials;
         let config = credentials
             .config
             .as_deref()
             .map(NodeConfig::load)
             .transpose()?;
-        let addr = match (&self.addr, &config) {
-            (Some(addr), _) => addr.clone(),
-            (None, Some(config)) => config.raft_addr.to_string(),
-            (None, None) => bail!("give --addr RAFT_ADDR or --config NODE.toml"),
+        let addr = match (addr, &self.addr, &config) {
+            (Some(addr), _, _) => addr.to_owned(),
+            (None, Some(addr), _) => addr.clone(),
+            (None, None, Some(config)) => config.raft_addr.to_string(),
+            (None, None, None) => bail!("give --addr RAFT_ADDR or --config NODE.toml"),
         };
         let tls = match (
             &credentials.ca,
@@ -100,6 +112,15 @@ impl AdminTarget {
         ) {
             (Some(ca), Some(cert), Some(key), _) => {
                 Some(crate::tls::client_from_files(ca, Some((cert, key)))?)
+            }
+            (None, Some(cert), Some(key), Some(config)) => {
+                let Some(files) = &config.peer_tls else {
+                    bail!("--cert needs --ca, or a --config with [peer_tls] for its ca_file");
+                };
+                Some(crate::tls::client_from_files(
+                    &files.ca_file,
+                    Some((cert, key)),
+                )?)
             }
             (_, _, _, Some(config)) => config
                 .peer_tls
@@ -117,6 +138,41 @@ impl AdminTarget {
             .max_decoding_message_size(crate::limits::API_RESPONSE_BYTES_MAX))
     }
 }
+
+/// Calls `call` on the target node; when it answers that it is not the leader and names the
+/// leader's `raft_addr`, calls the leader there (a follower no longer forwards: it could
+/// only do so with its own node certificate).
+///
+/// # Errors
+/// When a node cannot be reached, the call is refused, or the leader moved more than
+/// [`LEADER_HOPS_MAX`] times.
+pub async fn on_leader<T, F, Fut>(target: &AdminTarget, mut call: F) -> anyhow::Result<T>
+where
+    F: FnMut(AdminClient<tonic::transport::Channel>) -> Fut,
+    Fut: std::future::Future<Output = Result<T, tonic::Status>>,
+{
+    let mut leader: Option<String> = None;
+    for _ in 0..=LEADER_HOPS_MAX {
+        let client = target.connect_to(leader.as_deref()).await?;
+        let status = match call(client).await {
+            Ok(answer) => return Ok(answer),
+            Err(status) => status,
+        };
+        let named = status
+            .metadata()
+            .get(crate::api::admin::LEADER_RAFT_ADDR_HEADER)
+            .and_then(|value| value.to_str().ok())
+            .map(str::to_owned);
+        match named {
+            Some(addr) if leader.as_deref() != Some(addr.as_str()) => leader = Some(addr),
+            _ => return Err(status.into()),
+        }
+    }
+    bail!("the leader moved {LEADER_HOPS_MAX} times during the call; retry")
+}
+
+/// The most "not the leader" answers [`on_leader`] follows.
+const LEADER_HOPS_MAX: usize = 3;
 
 /// Asks the node at `api_addr` for its status (the edge API's `Status`).
 ///
@@ -168,30 +224,33 @@ pub fn print_status(status: &ClusterStatusResponse) {
     }
 }
 
-/// Adds a member through `target` (forwarded to the leader).
+/// Adds a member through `target` (on the leader, which `target` names if it is not).
 ///
 /// # Errors
 /// When the node cannot be reached or the change is refused.
 pub async fn add(target: &AdminTarget, mut request: AddMemberRequest) -> anyhow::Result<String> {
     request.cluster_id = target.cluster_id()?;
-    let mut admin = target.connect().await?;
-    Ok(admin.add_member(request).await?.into_inner().message)
+    on_leader(target, |mut admin| {
+        let request = request.clone();
+        async move { Ok(admin.add_member(request).await?.into_inner().message) }
+    })
+    .await
 }
 
-/// Removes a member through `target` (forwarded to the leader).
+/// Removes a member through `target` (on the leader, which `target` names if it is not).
 ///
 /// # Errors
 /// When the node cannot be reached or the change is refused.
 pub async fn remove(target: &AdminTarget, id: u64) -> anyhow::Result<String> {
-    let mut admin = target.connect().await?;
-    Ok(admin
-        .remove_member(RemoveMemberRequest {
-            cluster_id: target.cluster_id()?,
-            id,
-        })
-        .await?
-        .into_inner()
-        .message)
+    let request = RemoveMemberRequest {
+        cluster_id: target.cluster_id()?,
+        id,
+    };
+    on_leader(target, |mut admin| {
+        let request = request.clone();
+        async move { Ok(admin.remove_member(request).await?.into_inner().message) }
+    })
+    .await
 }
 
 /// Child node processes, stopped when dropped: SIGTERM (each drains), then SIGKILL for any
@@ -246,11 +305,11 @@ pub async fn dev(data_root: &Path) -> anyhow::Result<()> {
     std::fs::create_dir_all(data_root)
         .with_context(|| format!("creating {}", data_root.display()))?;
     // The fleet's CA and node certificates, made once and reused on later runs.
-    crate::tls::make_certs(&crate::tls::CertsPlan {
-        out: data_root.join("certs"),
-        nodes: LOCAL_3.len() as u64,
-        hosts: Vec::new(),
-    })?;
+    crate::tls::make_certs(&crate::tls::CertsPlan::new(
+        data_root.join("certs"),
+        LOCAL_3.len() as u64,
+        crate::config::Defaults::CLUSTER_ID,
+    ))?;
     let exe = std::env::current_exe()?;
     // Three nodes share this machine: each gets a third of the cores for its runtime
     // (unless TOKIO_WORKER_THREADS says otherwise), as each would have its own host's.

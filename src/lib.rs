@@ -41,6 +41,7 @@ pub mod codec;
 pub mod config;
 pub mod contract;
 pub mod envoy;
+pub mod identity;
 pub mod limits;
 pub mod local;
 pub mod lock;

@@ -325,7 +325,7 @@ pub async fn start(config: NodeConfig, listeners: Listeners) -> Result<RunningNo
         node.clone(),
         config.cluster_id.clone(),
         faults.clone(),
-        peer_tls.as_ref().map(PeerTls::client),
+        peer_tls.is_some(),
     );
     let servers = vec![
         tokio::spawn(serve_peers(
@@ -334,6 +334,8 @@ pub async fn start(config: NodeConfig, listeners: Listeners) -> Result<RunningNo
                 config.cluster_id.clone(),
                 Arc::new(proposer),
                 faults,
+                peer_tls.is_some(),
+                config.members.iter().map(|member| member.id).collect(),
             ),
             admin,
             peer_tls.as_ref(),

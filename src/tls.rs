@@ -2,10 +2,11 @@
 //! that `[peer_tls]` and `[api_tls]` name, build tonic's rustls configurations, and make a
 //! fleet's certificates (`ankusa-fleet certs`, with rcgen).
 //!
-//! Peers authenticate each other by the fleet CA alone: a client certificate that chains to
-//! `ca_file` is a member of the fleet (or its operator); a server certificate must also name
-//! the host the caller dialled (the IP address or DNS name in `raft_addr`). This module never
-//! decides who may do what: that is the servers' and the `Admin` service's business.
+//! A client certificate must chain to `ca_file` (rustls checks the chain and the dates); who
+//! it is comes from its URI SAN (`crate::identity`), which `certs` writes as
+//! `spiffe://<cluster_id>/node/<id>` or `spiffe://<cluster_id>/admin`. A server certificate
+//! must also name the host the caller dialled (the IP address or DNS name in `raft_addr`).
+//! This module never decides who may do what: the `Peer` and `Admin` services do.
 
 use std::path::{Path, PathBuf};
 
@@ -202,6 +203,39 @@ pub struct CertsPlan {
     /// localhost.
     #[arg(long = "host", value_parser = parse_host)]
     pub hosts: Vec<(u64, String)>,
+    /// The fleet's `cluster_id`: the certificates name `spiffe://<cluster_id>/node/<id>`
+    /// and `spiffe://<cluster_id>/admin`, and a node accepts only its own cluster's.
+    #[arg(long, default_value = crate::config::Defaults::CLUSTER_ID)]
+    pub cluster_id: String,
+    /// Days a node or admin certificate is valid, from now.
+    #[arg(long, default_value_t = CertsPlan::LEAF_DAYS, value_parser = clap::value_parser!(u32).range(1..=CertsPlan::DAYS_MAX as i64))]
+    pub days: u32,
+    /// Days a new CA is valid, from now (a CA already in `--out` is kept as it is).
+    #[arg(long, default_value_t = CertsPlan::CA_DAYS, value_parser = clap::value_parser!(u32).range(1..=CertsPlan::DAYS_MAX as i64))]
+    pub ca_days: u32,
+}
+
+impl CertsPlan {
+    /// A leaf's validity unless `--days` says otherwise: a year, so a lost key stops
+    /// working by itself (there is no revocation list).
+    pub const LEAF_DAYS: u32 = 365;
+    /// A new CA's validity unless `--ca-days` says otherwise: ten years.
+    pub const CA_DAYS: u32 = 3650;
+    /// The longest validity either takes: a hundred years.
+    pub const DAYS_MAX: u32 = 36_500;
+
+    /// The plan for `nodes` node certificates of fleet `cluster_id` in `out`, with no
+    /// `--host` and the default validities.
+    pub fn new(out: PathBuf, nodes: u64, cluster_id: &str) -> Self {
+        Self {
+            out,
+            nodes,
+            hosts: Vec::new(),
+            cluster_id: cluster_id.to_owned(),
+            days: Self::LEAF_DAYS,
+            ca_days: Self::CA_DAYS,
+        }
+    }
 }
 
 fn parse_host(text: &str) -> Result<(u64, String), String> {
@@ -224,8 +258,13 @@ const LOOPBACK_NAMES: [&str; 3] = ["127.0.0.1", "::1", "localhost"];
 pub fn make_certs(plan: &CertsPlan) -> Result<Vec<PathBuf>, TlsError> {
     use rcgen::{
         BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer,
-        KeyPair, KeyUsagePurpose,
+        KeyPair, KeyUsagePurpose, SanType,
     };
+    crate::identity::check_cluster_id(&plan.cluster_id).map_err(|reason| TlsError::File {
+        field: "--cluster-id".to_owned(),
+        path: plan.out.clone(),
+        reason,
+    })?;
     let out = &plan.out;
     std::fs::create_dir_all(out).map_err(|source| TlsError::Write {
         path: out.clone(),
@@ -260,6 +299,7 @@ pub fn make_certs(plan: &CertsPlan) -> Result<Vec<PathBuf>, TlsError> {
             .distinguished_name
             .push(DnType::CommonName, "ankusa-fleet CA");
         params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+        (params.not_before, params.not_after) = validity(plan.ca_days);
         let cert = params.self_signed(&key)?;
         write_file(&ca_pem_path, cert.pem().as_bytes(), false)?;
         write_file(&ca_key_path, key.serialize_pem().as_bytes(), true)?;
@@ -268,7 +308,7 @@ pub fn make_certs(plan: &CertsPlan) -> Result<Vec<PathBuf>, TlsError> {
     };
     let mut leaf = |name: &str,
                     common_name: String,
-                    sans: Vec<String>,
+                    (sans, uri): (Vec<String>, String),
                     usages: Vec<ExtendedKeyUsagePurpose>|
      -> Result<(), TlsError> {
         let (cert_path, key_path) = (
@@ -276,7 +316,7 @@ pub fn make_certs(plan: &CertsPlan) -> Result<Vec<PathBuf>, TlsError> {
             out.join(format!("{name}.key")),
         );
         match (cert_path.exists(), key_path.exists()) {
-            (true, true) => return Ok(()),
+            (true, true) => return kept(&cert_path, &uri),
             (false, false) => {}
             _ => {
                 return Err(TlsError::File {
@@ -289,9 +329,13 @@ pub fn make_certs(plan: &CertsPlan) -> Result<Vec<PathBuf>, TlsError> {
         let key = KeyPair::generate()?;
         let mut params = CertificateParams::new(sans)?;
         params
+            .subject_alt_names
+            .push(SanType::URI(uri.as_str().try_into()?));
+        params
             .distinguished_name
             .push(DnType::CommonName, common_name);
         params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+        (params.not_before, params.not_after) = validity(plan.days);
         params.extended_key_usages = usages;
         let cert = params.signed_by(&key, &issuer)?;
         write_file(&cert_path, cert.pem().as_bytes(), false)?;
@@ -312,20 +356,59 @@ pub fn make_certs(plan: &CertsPlan) -> Result<Vec<PathBuf>, TlsError> {
             ExtendedKeyUsagePurpose::ServerAuth,
             ExtendedKeyUsagePurpose::ClientAuth,
         ];
+        let uri = crate::identity::node_uri(&plan.cluster_id, id);
         leaf(
             &format!("node{id}"),
             format!("ankusa-fleet node {id}"),
-            sans,
+            (sans, uri),
             usages,
         )?;
     }
     leaf(
         "admin",
         "ankusa-fleet admin".to_owned(),
-        Vec::new(),
+        (Vec::new(), crate::identity::admin_uri(&plan.cluster_id)),
         vec![ExtendedKeyUsagePurpose::ClientAuth],
     )?;
     Ok(written)
+}
+
+/// Checks that a certificate kept from an earlier run names `uri` (certificates made before
+/// identities existed, or for another `--cluster-id`, would be refused on `raft_addr`).
+fn kept(cert_path: &Path, uri: &str) -> Result<(), TlsError> {
+    let pem = read_pem("--out", cert_path, Holds::Certificates)?;
+    let names_it = CertificateDer::pem_slice_iter(&pem)
+        .next()
+        .and_then(Result::ok)
+        .and_then(|der| {
+            let (_, cert) = x509_parser::parse_x509_certificate(&der).ok()?;
+            let sans = cert.subject_alternative_name().ok()??;
+            Some(sans.value.general_names.iter().any(
+                |name| matches!(name, x509_parser::extensions::GeneralName::URI(found) if *found == uri),
+            ))
+        })
+        .unwrap_or(false);
+    if names_it {
+        return Ok(());
+    }
+    Err(TlsError::File {
+        field: "--out".to_owned(),
+        path: cert_path.to_owned(),
+        reason: format!(
+            "kept from an earlier run, but it does not name {uri}: delete it and its key to \
+             make a new one"
+        ),
+    })
+}
+
+/// From an hour ago (a little clock skew between the maker and the fleet is no outage) to
+/// `days` from now.
+fn validity(days: u32) -> (time::OffsetDateTime, time::OffsetDateTime) {
+    let now = time::OffsetDateTime::now_utc();
+    (
+        now - time::Duration::hours(1),
+        now + time::Duration::days(i64::from(days)),
+    )
 }
 
 fn read_text(path: &Path) -> Result<String, TlsError> {

@@ -23,6 +23,7 @@ const TENANT: &str = "acme";
 async fn vote_with_empty_payload(
     raft_addr: &str,
     tls: Option<ClientTlsConfig>,
+    from_node_id: u64,
 ) -> Result<(), tonic::Status> {
     let endpoint = ankusa_fleet::tls::endpoint(raft_addr, tls.as_ref())
         .map_err(|e| tonic::Status::unavailable(e.to_string()))?
@@ -34,7 +35,7 @@ async fn vote_with_empty_payload(
     let mut client = PeerClient::new(channel);
     let call = client.vote(RaftMessage {
         cluster_id: "ankusa-fleet".to_owned(),
-        from_node_id: 99,
+        from_node_id,
         payload: Vec::new(),
     });
     match tokio::time::timeout(Duration::from_secs(10), call).await {
@@ -82,32 +83,42 @@ async fn peer_tls_admits_only_fleet_certificates_and_admin_is_not_on_the_edge_po
         .assert_duplicates(leader, TENANT, &keys("tls", 12), 4)
         .await;
 
-    tracing::info!("--- a fleet certificate reaches the Peer service");
+    tracing::info!("--- a member's node certificate reaches the Peer service");
     let raft_addr = fleet.nodes[&leader].spec.raft_addr.clone();
     let ca = fleet.cert_file("ca.pem");
-    let fleet_cert = ankusa_fleet::tls::client_from_files(
+    let member = if leader == 1 { 2 } else { 1 };
+    let node_cert = ankusa_fleet::tls::client_from_files(
         &ca,
-        Some((&fleet.cert_file("admin.pem"), &fleet.cert_file("admin.key"))),
+        Some((
+            &fleet.cert_file(&format!("node{member}.pem")),
+            &fleet.cert_file(&format!("node{member}.key")),
+        )),
     )
     .expect("client tls");
-    let reached = vote_with_empty_payload(&raft_addr, Some(fleet_cert)).await;
+    let reached = vote_with_empty_payload(&raft_addr, Some(node_cert), member).await;
     assert_eq!(
         reached.expect_err("an empty payload").code(),
         tonic::Code::InvalidArgument
     );
 
     tracing::info!("--- plaintext, no client certificate and another CA's are refused");
-    refused_before_the_service("plaintext", vote_with_empty_payload(&raft_addr, None).await);
+    refused_before_the_service(
+        "plaintext",
+        vote_with_empty_payload(&raft_addr, None, member).await,
+    );
     let no_cert = ankusa_fleet::tls::client_from_files(&ca, None).expect("client tls");
     refused_before_the_service(
         "no client certificate",
-        vote_with_empty_payload(&raft_addr, Some(no_cert)).await,
+        vote_with_empty_payload(&raft_addr, Some(no_cert), member).await,
     );
     let foreign = fleet.dir.path().join("foreign");
     ankusa_fleet::tls::make_certs(&ankusa_fleet::tls::CertsPlan {
-        out: foreign.clone(),
-        nodes: 1,
         hosts: vec![(1, fleet.ip.to_string())],
+        ..ankusa_fleet::tls::CertsPlan::new(
+            foreign.clone(),
+            1,
+            ankusa_fleet::config::Defaults::CLUSTER_ID,
+        )
     })
     .expect("a foreign CA");
     let foreign_cert = ankusa_fleet::tls::client_from_files(
@@ -117,7 +128,7 @@ async fn peer_tls_admits_only_fleet_certificates_and_admin_is_not_on_the_edge_po
     .expect("client tls");
     refused_before_the_service(
         "another CA's certificate",
-        vote_with_empty_payload(&raft_addr, Some(foreign_cert)).await,
+        vote_with_empty_payload(&raft_addr, Some(foreign_cert), member).await,
     );
 
     tracing::info!("--- Admin answers on raft_addr with a certificate, not on api_addr");

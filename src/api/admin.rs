@@ -1,21 +1,19 @@
 //! The `Admin` service: membership for the `cluster` commands, backups for `snapshot save`,
 //! and fault rules for the fault tests. Served on `raft_addr` only, beside the `Peer`
-//! service and behind the same `[peer_tls]`: whoever calls it holds a certificate of the
-//! fleet CA (a backup holds every tenant's claims and budgets). A follower forwards a
-//! membership change or a backup to the leader's `raft_addr`, with this node's own
-//! certificate.
+//! service and behind the same `[peer_tls]`: what changes or reads out the fleet
+//! (`AddMember`, `RemoveMember`, `SaveSnapshot`, `SetFaults`) only for the admin identity
+//! (a backup holds every tenant's claims and budgets), `ClusterStatus` for a node identity
+//! too. A follower does not forward: it answers with the leader's `raft_addr`.
 //!
 //! It never serves edge calls.
 
 use std::sync::Arc;
 
-use tonic::transport::ClientTlsConfig;
 use tonic::{Request, Response, Status};
 
 use super::status_of;
 use crate::node::{Node, NodeError};
 use crate::pb;
-use crate::pb::internal::admin_client::AdminClient;
 use crate::pb::internal::admin_server::Admin;
 use crate::pb::internal::{
     AddMemberRequest, AdminResponse, ClusterMember, ClusterStatusRequest, ClusterStatusResponse,
@@ -24,31 +22,36 @@ use crate::pb::internal::{
 use crate::raft::faults::{Direction, Fault, Faults};
 use crate::raft::MemberNode;
 
-/// Marks a call one node forwarded to the leader: it is not forwarded again (two nodes with
-/// crossed views of the leader, mid-election, would pass it back and forth).
-const FORWARDED_HEADER: &str = "x-ankusa-forwarded";
+/// The metadata key of a "not the leader" answer that names the leader's `raft_addr`: the
+/// `cluster` and `snapshot` commands retry there.
+pub const LEADER_RAFT_ADDR_HEADER: &str = "x-ankusa-leader-raft-addr";
 
-fn was_forwarded<T>(request: &Request<T>) -> bool {
-    request.metadata().contains_key(FORWARDED_HEADER)
-}
-
-/// The request to send on to the leader, marked as forwarded; refused if it already was.
-fn forward_once<T>(forwarded: bool, message: T) -> Result<Request<T>, Status> {
-    if forwarded {
-        return Err(Status::unavailable(
-            "forwarded to a node that is not the leader either; retry once the fleet has elected one",
-        ));
+/// The answer of a follower to a call only the leader serves: `FAILED_PRECONDITION` naming
+/// the leader's `raft_addr` (also in [`LEADER_RAFT_ADDR_HEADER`]), or `UNAVAILABLE` while no
+/// leader is known. A follower does not call the leader itself: it would have to present
+/// its own node certificate for the caller's request.
+fn not_leader(leader_raft_addr: Option<String>) -> Status {
+    let Some(addr) = leader_raft_addr else {
+        return Status::unavailable("no leader known; retry once the fleet has elected one");
+    };
+    let mut status = Status::failed_precondition(format!(
+        "this node is not the leader: send the call to the leader's raft_addr {addr}"
+    ));
+    if let Ok(value) = addr.parse() {
+        status.metadata_mut().insert(LEADER_RAFT_ADDR_HEADER, value);
     }
-    let mut request = Request::new(message);
-    request.metadata_mut().insert(
-        FORWARDED_HEADER,
-        tonic::metadata::MetadataValue::from_static("1"),
-    );
-    Ok(request)
+    status
 }
 
-/// How long a forward to the leader may take to connect.
-const FORWARD_CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+/// Who may call a method of `Admin`.
+#[derive(Clone, Copy)]
+enum Allowed {
+    /// Changes or reads out the fleet: `AddMember`, `RemoveMember`, `SaveSnapshot`,
+    /// `SetFaults`.
+    AdminOnly,
+    /// `ClusterStatus`: the admin and any node of the fleet.
+    AdminOrNode,
+}
 
 /// Bytes per `SnapshotChunk`: well under what a client decodes in one message
 /// ([`crate::limits::API_RESPONSE_BYTES_MAX`]).
@@ -58,30 +61,53 @@ const SNAPSHOT_CHUNK_BYTES: usize = 256 * 1024;
 type SnapshotChunks =
     std::pin::Pin<Box<dyn futures::Stream<Item = Result<SnapshotChunk, Status>> + Send>>;
 
-/// Membership administration for the `cluster` CLI; a follower forwards to the leader.
+/// Membership administration for the `cluster` CLI, backups and fault rules.
 pub struct AdminService {
     node: Arc<Node>,
     cluster_id: String,
     faults: Faults,
-    /// How this node calls another's `raft_addr` (`[peer_tls]`'s client side).
-    peer_tls: Option<ClientTlsConfig>,
+    /// `raft_addr` serves TLS: every caller has a certificate whose identity is checked.
+    tls: bool,
+    refusals: crate::identity::RefusalLog,
 }
 
 impl AdminService {
-    /// Serves membership changes of `node` in fleet `cluster_id`; forwards go out with
-    /// `peer_tls`.
-    pub fn new(
-        node: Arc<Node>,
-        cluster_id: String,
-        faults: Faults,
-        peer_tls: Option<ClientTlsConfig>,
-    ) -> Self {
+    /// Serves membership changes of `node` in fleet `cluster_id`; with `tls`, only to the
+    /// identities each method allows.
+    pub fn new(node: Arc<Node>, cluster_id: String, faults: Faults, tls: bool) -> Self {
         Self {
             node,
             cluster_id,
             faults,
-            peer_tls,
+            tls,
+            refusals: crate::identity::RefusalLog::default(),
         }
+    }
+
+    /// Refuses `method` unless the connection's certificate names an identity `allowed`
+    /// (every caller is allowed on a plaintext `raft_addr`). Nothing of the request has been
+    /// looked at yet.
+    fn authorize<T>(
+        &self,
+        request: &Request<T>,
+        method: &str,
+        allowed: Allowed,
+    ) -> Result<(), Status> {
+        use crate::identity::{Caller, Identity};
+        let refusal = match crate::identity::caller_of(request, self.tls, &self.cluster_id) {
+            Err(e) => format!("Admin/{method}: {e}"),
+            Ok(Caller::Unauthenticated | Caller::Verified(Identity::Admin)) => return Ok(()),
+            Ok(Caller::Verified(Identity::Node(id))) => match allowed {
+                Allowed::AdminOrNode => return Ok(()),
+                Allowed::AdminOnly => format!(
+                    "identity node {id} may not call Admin/{method}: only the admin identity \
+                     (spiffe://{}/admin) may",
+                    self.cluster_id
+                ),
+            },
+        };
+        self.refusals.once(request.remote_addr(), &refusal);
+        Err(Status::permission_denied(refusal))
     }
 
     /// A request meant for another fleet (two fleets under one CA) is refused.
@@ -89,31 +115,11 @@ impl AdminService {
         if cluster_id == self.cluster_id {
             return Ok(());
         }
-        tracing::warn!(cluster_id, "refused an Admin call for another cluster");
+        tracing::warn!(?cluster_id, "refused an Admin call for another cluster");
         Err(Status::permission_denied(format!(
             "cluster_id: `{cluster_id}` is not this node's cluster `{}`",
             self.cluster_id
         )))
-    }
-
-    async fn leader_admin(
-        &self,
-        leader_raft_addr: Option<String>,
-    ) -> Result<AdminClient<tonic::transport::Channel>, Status> {
-        let Some(addr) = leader_raft_addr else {
-            return Err(Status::unavailable(
-                "no leader known; retry once the fleet has elected one",
-            ));
-        };
-        let unavailable = |e: String| Status::unavailable(format!("leader at {addr}: {e}"));
-        let channel = crate::tls::endpoint(&addr, self.peer_tls.as_ref())
-            .map_err(|e| unavailable(e.to_string()))?
-            .connect_timeout(FORWARD_CONNECT_TIMEOUT)
-            .connect()
-            .await
-            .map_err(|e| unavailable(e.to_string()))?;
-        Ok(AdminClient::new(channel)
-            .max_decoding_message_size(crate::limits::API_RESPONSE_BYTES_MAX))
     }
 }
 
@@ -125,7 +131,7 @@ impl Admin for AdminService {
         &self,
         request: Request<SaveSnapshotRequest>,
     ) -> Result<Response<SnapshotChunks>, Status> {
-        let forwarded = was_forwarded(&request);
+        self.authorize(&request, "SaveSnapshot", Allowed::AdminOnly)?;
         let save = request.into_inner();
         self.same_cluster(&save.cluster_id)?;
         match self.node.backup().await {
@@ -141,16 +147,7 @@ impl Admin for AdminService {
                     .collect();
                 Ok(Response::new(Box::pin(futures::stream::iter(chunks))))
             }
-            Err(NodeError::NotLeader { leader_raft_addr }) => {
-                let save = forward_once(forwarded, save)?;
-                let chunks = self
-                    .leader_admin(leader_raft_addr)
-                    .await?
-                    .save_snapshot(save)
-                    .await?
-                    .into_inner();
-                Ok(Response::new(Box::pin(chunks)))
-            }
+            Err(NodeError::NotLeader { leader_raft_addr }) => Err(not_leader(leader_raft_addr)),
             Err(e) => Err(status_of(e)),
         }
     }
@@ -159,7 +156,7 @@ impl Admin for AdminService {
         &self,
         request: Request<AddMemberRequest>,
     ) -> Result<Response<AdminResponse>, Status> {
-        let forwarded = was_forwarded(&request);
+        self.authorize(&request, "AddMember", Allowed::AdminOnly)?;
         let add = request.into_inner();
         self.same_cluster(&add.cluster_id)?;
         if add.id == 0 {
@@ -178,13 +175,7 @@ impl Admin for AdminService {
         };
         match self.node.add_member(add.id, member, add.voter).await {
             Ok(message) => Ok(Response::new(AdminResponse { message })),
-            Err(NodeError::NotLeader { leader_raft_addr }) => {
-                let add = forward_once(forwarded, add)?;
-                self.leader_admin(leader_raft_addr)
-                    .await?
-                    .add_member(add)
-                    .await
-            }
+            Err(NodeError::NotLeader { leader_raft_addr }) => Err(not_leader(leader_raft_addr)),
             Err(e) => Err(status_of(e)),
         }
     }
@@ -193,18 +184,12 @@ impl Admin for AdminService {
         &self,
         request: Request<RemoveMemberRequest>,
     ) -> Result<Response<AdminResponse>, Status> {
-        let forwarded = was_forwarded(&request);
+        self.authorize(&request, "RemoveMember", Allowed::AdminOnly)?;
         let remove = request.into_inner();
         self.same_cluster(&remove.cluster_id)?;
         match self.node.remove_member(remove.id).await {
             Ok(message) => Ok(Response::new(AdminResponse { message })),
-            Err(NodeError::NotLeader { leader_raft_addr }) => {
-                let remove = forward_once(forwarded, remove)?;
-                self.leader_admin(leader_raft_addr)
-                    .await?
-                    .remove_member(remove)
-                    .await
-            }
+            Err(NodeError::NotLeader { leader_raft_addr }) => Err(not_leader(leader_raft_addr)),
             Err(e) => Err(status_of(e)),
         }
     }
@@ -213,6 +198,7 @@ impl Admin for AdminService {
         &self,
         request: Request<ClusterStatusRequest>,
     ) -> Result<Response<ClusterStatusResponse>, Status> {
+        self.authorize(&request, "ClusterStatus", Allowed::AdminOrNode)?;
         self.same_cluster(&request.get_ref().cluster_id)?;
         let status = self.node.status();
         // The digest reads every item under the state lock: a check for fault tests, not a
@@ -250,6 +236,7 @@ impl Admin for AdminService {
         &self,
         request: Request<SetFaultsRequest>,
     ) -> Result<Response<AdminResponse>, Status> {
+        self.authorize(&request, "SetFaults", Allowed::AdminOnly)?;
         let request = request.into_inner();
         self.same_cluster(&request.cluster_id)?;
         let mut rules = std::collections::HashMap::new();

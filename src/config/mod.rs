@@ -364,15 +364,18 @@ impl NodeConfig {
         if voters_max == 0 {
             return Err(invalid("voters_max", "must be at least 1"));
         }
+        let cluster_id = file
+            .cluster_id
+            .unwrap_or_else(|| Defaults::CLUSTER_ID.to_owned());
+        crate::identity::check_cluster_id(&cluster_id)
+            .map_err(|reason| invalid("cluster_id", &reason))?;
         Ok(NodeConfig {
             node_id: file.node_id,
             api_addr,
             raft_addr,
             data_dir: file.data_dir,
             members: file.members,
-            cluster_id: file
-                .cluster_id
-                .unwrap_or_else(|| Defaults::CLUSTER_ID.to_owned()),
+            cluster_id,
             timeout_default: Duration::from_millis(u64::from(timeout_ms)),
             claim_ttl_ms_default,
             voters_max,

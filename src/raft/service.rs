@@ -1,9 +1,11 @@
-//! Incoming Raft traffic: the `Peer` gRPC service on `raft_addr`. It checks the cluster id
-//! (and, in fault tests, the sender's fault rule),
-//! decodes the openraft message, hands it to the local `Raft` (or, for `Propose`, to the
-//! node's proposal queue) and encodes the answer. Calls arrive as unary RPCs or as frames
-//! on a peer's long-lived `Exchange` stream; both take the same path ([`PeerService`]'s
-//! `admit` then `dispatch`).
+//! Incoming Raft traffic: the `Peer` gRPC service on `raft_addr`. Before it decodes
+//! anything it checks who is calling (with `[peer_tls]`: the node identity of the
+//! connection's certificate, a member of the fleet, sending as itself; a learner sends no
+//! Vote, AppendEntries or InstallSnapshot), the cluster id and, in fault tests, the sender's
+//! fault rule. Then it decodes the openraft message, checks that the vote inside names the
+//! caller, hands it to the local `Raft` (or, for `Propose`, to the node's proposal queue)
+//! and encodes the answer. Calls arrive as unary RPCs or as frames on a peer's long-lived
+//! `Exchange` stream; both take the same path ([`PeerService`]'s `admit` then `dispatch`).
 //!
 //! It never applies anything itself and never serves edge calls.
 
@@ -22,6 +24,7 @@ use tonic::{Request, Response, Status, Streaming};
 use super::faults::{Fault, Faults};
 use super::{NodeId, ProposeRequest, ProposeResponse, Raft, TypeConfig};
 use crate::codec;
+use crate::identity::{Caller, Identity, RefusalLog};
 use crate::lock::lock;
 use crate::pb::internal::peer_server::Peer;
 use crate::pb::internal::{PeerFrame, PeerMethod, RaftMessage};
@@ -56,6 +59,13 @@ pub struct PeerService {
     proposals: Arc<dyn ProposalSink>,
     faults: Faults,
     intake: Arc<std::sync::Mutex<SnapshotIntake>>,
+    /// `raft_addr` serves TLS: every caller has a verified certificate to check.
+    tls: bool,
+    /// The config's `[[members]]`: who may call while this node knows no membership yet
+    /// (its log is empty). A node that knows none of either (one joining a fleet) takes
+    /// any node of its cluster until the leader's first entries tell it the membership.
+    initial_members: Arc<[NodeId]>,
+    refusals: Arc<RefusalLog>,
 }
 
 /// The snapshot being received: its id, how many bytes of it arrived, its header and the
@@ -131,12 +141,15 @@ impl SnapshotIntake {
 type FrameStream = Pin<Box<dyn Stream<Item = Result<PeerFrame, Status>> + Send>>;
 
 impl PeerService {
-    /// Serves `raft` to peers of `cluster_id`.
+    /// Serves `raft` to peers of `cluster_id`; with `tls`, only to the node identities of
+    /// its members (before it knows any membership, of `initial_members`).
     pub fn new(
         raft: Raft,
         cluster_id: String,
         proposals: Arc<dyn ProposalSink>,
         faults: Faults,
+        tls: bool,
+        initial_members: Vec<NodeId>,
     ) -> Self {
         Self {
             raft,
@@ -144,12 +157,95 @@ impl PeerService {
             proposals,
             faults,
             intake: Arc::default(),
+            tls,
+            initial_members: initial_members.into(),
+            refusals: Arc::default(),
         }
     }
 
-    /// Applies any fault rule for the sender, then checks the cluster id. `None` means the
-    /// call is black-holed: it is never answered.
-    async fn admit(&self, cluster_id: &str, from_node_id: NodeId) -> Option<Result<(), Status>> {
+    /// Who calls on the connection `request` came on; a certificate without an identity of
+    /// this fleet is refused (and logged once per connection).
+    fn caller<T>(&self, request: &Request<T>) -> Result<Caller, Status> {
+        crate::identity::caller_of(request, self.tls, &self.cluster_id).map_err(|e| {
+            let refusal = format!("Peer: {e}");
+            self.refusals.once(request.remote_addr(), &refusal);
+            Status::permission_denied(refusal)
+        })
+    }
+
+    /// May `caller` send `method` as `from_node_id`? Only a node identity, as itself, that
+    /// is a member; a learner only `Propose`. Decided from the certificate, the frame's
+    /// header and the membership: nothing of the payload is read.
+    fn authorize(
+        &self,
+        caller: Caller,
+        method: PeerMethod,
+        from_node_id: NodeId,
+    ) -> Result<(), String> {
+        let id = match caller {
+            Caller::Unauthenticated => return Ok(()),
+            Caller::Verified(Identity::Admin) => {
+                return Err(format!(
+                    "identity admin may not call Peer/{}: only member nodes may",
+                    method.as_str_name()
+                ))
+            }
+            Caller::Verified(Identity::Node(id)) => id,
+        };
+        if id != from_node_id {
+            return Err(format!(
+                "identity node {id} may not call Peer/{} as from_node_id {from_node_id}",
+                method.as_str_name()
+            ));
+        }
+        // Read under the metrics' lock, without copying: this runs for every frame.
+        let (known, voter, learner) = {
+            let metrics = self.raft.metrics();
+            let metrics = metrics.borrow();
+            let membership = metrics.membership_config.membership();
+            let known = membership.nodes().next().is_some();
+            let voter = membership.voter_ids().any(|voter| voter == id);
+            let learner = membership.learner_ids().any(|learner| learner == id);
+            (known, voter, learner)
+        };
+        let member = if known {
+            voter || learner
+        } else {
+            self.initial_members.is_empty() || self.initial_members.contains(&id)
+        };
+        if !member {
+            return Err(format!(
+                "identity node {id} may not call Peer/{}: it is not a member of this fleet",
+                method.as_str_name()
+            ));
+        }
+        let leads = matches!(
+            method,
+            PeerMethod::Vote | PeerMethod::AppendEntries | PeerMethod::InstallSnapshot
+        );
+        if leads && learner {
+            return Err(format!(
+                "identity node {id} is a learner and may not call Peer/{}",
+                method.as_str_name()
+            ));
+        }
+        Ok(())
+    }
+
+    /// Checks who calls (`authorize`), applies any fault rule for the sender, then checks
+    /// the cluster id. `None` means the call is black-holed: it is never answered.
+    async fn admit(
+        &self,
+        caller: Caller,
+        remote: Option<std::net::SocketAddr>,
+        method: PeerMethod,
+        cluster_id: &str,
+        from_node_id: NodeId,
+    ) -> Option<Result<(), Status>> {
+        if let Err(refusal) = self.authorize(caller, method, from_node_id) {
+            self.refusals.once(remote, &refusal);
+            return Some(Err(Status::permission_denied(refusal)));
+        }
         match self.faults.incoming(from_node_id) {
             Some(Fault::Drop) => return Some(Err(Status::unavailable("fault injection: dropped"))),
             Some(Fault::Blackhole) => return None,
@@ -172,11 +268,17 @@ impl PeerService {
 
     /// Decodes one admitted call, hands it to Raft (or the proposal queue) and encodes the
     /// answer.
-    async fn dispatch(&self, method: PeerMethod, payload: &[u8]) -> Result<Vec<u8>, Status> {
+    async fn dispatch(
+        &self,
+        caller: Caller,
+        method: PeerMethod,
+        payload: &[u8],
+    ) -> Result<Vec<u8>, Status> {
         match method {
             PeerMethod::AppendEntries => {
                 let request: AppendEntriesRequest<TypeConfig> = open(payload)?;
                 bounded_vote("vote", &request.vote)?;
+                sent_as_caller(caller, "vote.leader_id.node_id", &request.vote)?;
                 bounded_log_id("prev_log_id", request.prev_log_id.as_ref())?;
                 bounded_log_id("leader_commit", request.leader_commit.as_ref())?;
                 if let Some(i) = request
@@ -194,12 +296,14 @@ impl PeerService {
             PeerMethod::Vote => {
                 let request: VoteRequest<NodeId> = open(payload)?;
                 bounded_vote("vote", &request.vote)?;
+                sent_as_caller(caller, "vote.leader_id.node_id", &request.vote)?;
                 bounded_log_id("last_log_id", request.last_log_id.as_ref())?;
                 seal(&self.raft.vote(request).await)
             }
             PeerMethod::InstallSnapshot => {
                 let request: InstallSnapshotRequest<TypeConfig> = open(payload)?;
                 bounded_vote("vote", &request.vote)?;
+                sent_as_caller(caller, "vote.leader_id.node_id", &request.vote)?;
                 bounded_log_id("meta.last_log_id", request.meta.last_log_id.as_ref())?;
                 bounded_log_id(
                     "meta.last_membership.log_id",
@@ -226,12 +330,23 @@ impl PeerService {
         method: PeerMethod,
         request: Request<RaftMessage>,
     ) -> Result<Response<RaftMessage>, Status> {
+        let caller = self.caller(&request)?;
+        let remote = request.remote_addr();
         let message = request.into_inner();
-        match self.admit(&message.cluster_id, message.from_node_id).await {
+        let admitted = self
+            .admit(
+                caller,
+                remote,
+                method,
+                &message.cluster_id,
+                message.from_node_id,
+            )
+            .await;
+        match admitted {
             Some(admitted) => admitted?,
             None => std::future::pending().await,
         }
-        let payload = self.dispatch(method, &message.payload).await?;
+        let payload = self.dispatch(caller, method, &message.payload).await?;
         Ok(Response::new(RaftMessage {
             cluster_id: self.cluster_id.to_string(),
             from_node_id: 0,
@@ -240,16 +355,32 @@ impl PeerService {
     }
 
     /// Answers one call frame of an `Exchange` stream; `None` if it is black-holed.
-    async fn answer_frame(&self, frame: PeerFrame) -> Option<PeerFrame> {
-        let outcome = match self.admit(&frame.cluster_id, frame.from_node_id).await? {
-            Ok(()) => match PeerMethod::try_from(frame.method) {
-                Ok(method) => self.dispatch(method, &frame.payload).await,
-                Err(_) => Err(Status::invalid_argument(format!(
-                    "method: {} is not a Peer method",
-                    frame.method
-                ))),
-            },
-            Err(refused) => Err(refused),
+    async fn answer_frame(
+        &self,
+        caller: Caller,
+        remote: Option<std::net::SocketAddr>,
+        frame: PeerFrame,
+    ) -> Option<PeerFrame> {
+        let outcome = match PeerMethod::try_from(frame.method) {
+            Ok(method) => {
+                let admitted = self
+                    .admit(
+                        caller,
+                        remote,
+                        method,
+                        &frame.cluster_id,
+                        frame.from_node_id,
+                    )
+                    .await?;
+                match admitted {
+                    Ok(()) => self.dispatch(caller, method, &frame.payload).await,
+                    Err(refused) => Err(refused),
+                }
+            }
+            Err(_) => Err(Status::invalid_argument(format!(
+                "method: {} is not a Peer method",
+                frame.method
+            ))),
         };
         Some(match outcome {
             Ok(payload) => PeerFrame {
@@ -299,6 +430,24 @@ fn bounded_log_id(field: &str, log_id: Option<&super::LogId>) -> Result<(), Stat
     Ok(())
 }
 
+/// With a verified node identity, the vote a Vote, AppendEntries or InstallSnapshot carries
+/// must be the caller's own: a node campaigns and leads only as itself.
+fn sent_as_caller(
+    caller: Caller,
+    field: &str,
+    vote: &openraft::Vote<NodeId>,
+) -> Result<(), Status> {
+    match caller {
+        Caller::Verified(Identity::Node(id)) if vote.leader_id.node_id != id => {
+            Err(Status::permission_denied(format!(
+                "{field}: identity node {id} may not send a vote of node {}",
+                vote.leader_id.node_id
+            )))
+        }
+        _ => Ok(()),
+    }
+}
+
 fn open<T: DeserializeOwned>(payload: &[u8]) -> Result<T, Status> {
     codec::decode(payload).map_err(|e| Status::invalid_argument(format!("payload: {e}")))
 }
@@ -344,6 +493,9 @@ impl Peer for PeerService {
         &self,
         request: Request<Streaming<PeerFrame>>,
     ) -> Result<Response<Self::ExchangeStream>, Status> {
+        // The connection's certificate is checked once, each frame's sender on its own.
+        let caller = self.caller(&request)?;
+        let remote = request.remote_addr();
         let mut calls = request.into_inner();
         let (answers, outbound) = mpsc::channel(EXCHANGE_FRAMES_IN_FLIGHT_MAX);
         let in_flight = Arc::new(Semaphore::new(EXCHANGE_FRAMES_IN_FLIGHT_MAX));
@@ -359,7 +511,7 @@ impl Peer for PeerService {
                 let service = service.clone();
                 let answers = answers.clone();
                 tokio::spawn(async move {
-                    if let Some(answer) = service.answer_frame(frame).await {
+                    if let Some(answer) = service.answer_frame(caller, remote, frame).await {
                         // The caller hung up: nobody is left to read the answer.
                         let _ = answers.send(Ok(answer)).await;
                     }

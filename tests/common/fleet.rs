@@ -27,26 +27,61 @@ const CERTIFIED_NODES: u64 = 7;
 impl Fleet {
     /// An empty fleet on its own loopback address; with `tls`, its certificates.
     fn empty(tls: bool) -> Fleet {
+        if tls {
+            Self::empty_with_certs(|out, ip| {
+                ankusa_fleet::tls::make_certs(&ankusa_fleet::tls::CertsPlan {
+                    hosts: (1..=CERTIFIED_NODES)
+                        .map(|id| (id, ip.to_string()))
+                        .collect(),
+                    ..ankusa_fleet::tls::CertsPlan::new(
+                        out.to_owned(),
+                        CERTIFIED_NODES,
+                        ankusa_fleet::config::Defaults::CLUSTER_ID,
+                    )
+                })
+                .expect("make certificates");
+            })
+        } else {
+            Self::empty_without_certs()
+        }
+    }
+
+    /// An empty fleet whose certificates `make` writes into its `certs` folder (`ca.pem`,
+    /// `nodeN.pem`, `nodeN.key`, `admin.pem`, `admin.key`), for the fleet's address.
+    fn empty_with_certs(make: impl FnOnce(&std::path::Path, Ipv4Addr)) -> Fleet {
+        let mut fleet = Self::empty_without_certs();
+        let out = fleet.dir.path().join("certs");
+        std::fs::create_dir_all(&out).expect("certs dir");
+        make(&out, fleet.ip);
+        fleet.certs = Some(out);
+        fleet
+    }
+
+    /// Starts `n` initial voters with `[peer_tls]` from the certificates `make` writes (as
+    /// [`Fleet::empty_with_certs`]).
+    pub fn start_with_certs(
+        n: u64,
+        extra: &str,
+        make: impl FnOnce(&std::path::Path, Ipv4Addr),
+    ) -> Fleet {
+        let mut fleet = Self::empty_with_certs(make);
+        let initial = specs(fleet.ip, 1..=n, &[]);
+        fleet.initial = initial.clone();
+        for node in &initial {
+            fleet.add_process(node.clone(), &initial, extra);
+        }
+        fleet
+    }
+
+    fn empty_without_certs() -> Fleet {
         let dir = tempfile::tempdir().expect("tempdir");
         let ip = fleet_ip();
-        let certs = tls.then(|| {
-            let out = dir.path().join("certs");
-            ankusa_fleet::tls::make_certs(&ankusa_fleet::tls::CertsPlan {
-                out: out.clone(),
-                nodes: CERTIFIED_NODES,
-                hosts: (1..=CERTIFIED_NODES)
-                    .map(|id| (id, ip.to_string()))
-                    .collect(),
-            })
-            .expect("make certificates");
-            out
-        });
         Fleet {
             dir,
             ip,
             nodes: BTreeMap::new(),
             initial: Vec::new(),
-            certs,
+            certs: None,
             api_tls: false,
         }
     }
