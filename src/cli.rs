@@ -145,7 +145,7 @@ impl AdminTarget {
 ///
 /// # Errors
 /// When a node cannot be reached, the call is refused, or the leader moved more than
-/// [`LEADER_HOPS_MAX`] times.
+/// three times.
 pub async fn on_leader<T, F, Fut>(target: &AdminTarget, mut call: F) -> anyhow::Result<T>
 where
     F: FnMut(AdminClient<tonic::transport::Channel>) -> Fut,
