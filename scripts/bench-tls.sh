@@ -6,13 +6,23 @@
 # docs/benchmarks.md with the date and machine.
 #
 #   bash scripts/bench-tls.sh [ROUNDS] [CALLERS] [DURATION_S]
+#
+# With BIN_B=PATH (another build of ankusa-fleet, e.g. of an earlier commit), it compares
+# instead this build ("a"; or BIN_A=PATH, then nothing is built) with that one ("b"), both
+# with [peer_tls], in turns: what a change costs, measured side by side in one run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROUNDS=${1:-2}
 CALLERS=${2:-64}
 DURATION_S=${3:-10}
-cargo build --release --locked --quiet
-BIN=$PWD/target/release/ankusa-fleet
+if [[ -n ${BIN_A:-} ]]; then
+    BIN=$BIN_A
+else
+    cargo build --release --locked --quiet
+    BIN=$PWD/target/release/ankusa-fleet
+fi
+MODES=(tls plain)
+if [[ -n ${BIN_B:-} ]]; then MODES=(a b); fi
 WORK=$(mktemp -d)
 PIDS=""
 cleanup() { [[ -n $PIDS ]] && kill $PIDS 2>/dev/null; wait 2>/dev/null; rm -rf "$WORK"; }
@@ -52,7 +62,9 @@ print(" ".join(str(x.getsockname()[1]) for x in s))')"
         if [[ $mode == plain ]]; then
             sed -i -e '/^\[peer_tls\]/,$d' "$dir/node$n.toml"
         fi
-        TOKIO_WORKER_THREADS=1 "$BIN" serve --config "$dir/node$n.toml" >"$dir/node$n.log" 2>&1 &
+        local bin=$BIN
+        if [[ $mode == b ]]; then bin=$BIN_B; fi
+        TOKIO_WORKER_THREADS=1 "$bin" serve --config "$dir/node$n.toml" >"$dir/node$n.log" 2>&1 &
         PIDS="$PIDS $!"
     done
     for _ in $(seq 200); do
@@ -67,7 +79,7 @@ print(" ".join(str(x.getsockname()[1]) for x in s))')"
 hz=$(getconf CLK_TCK)
 echo "date $(date -u +%F) $(nproc) cpus, $CALLERS callers, ${DURATION_S}s per run"
 for round in $(seq "$ROUNDS"); do
-    for mode in tls plain; do
+    for mode in "${MODES[@]}"; do
         start "$mode"
         before=$(ticks $PIDS)
         out=$("$BIN" bench --addrs "$ADDRS" --callers "$CALLERS" --duration-s "$DURATION_S" 2>/dev/null)
