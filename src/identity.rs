@@ -171,26 +171,65 @@ pub fn caller_of<T>(
 }
 
 /// The connections whose refusal was already logged, so a caller retrying a refused call
-/// in a loop writes one log line per connection, not one per call. Bounded: when full it
-/// starts afresh (a connection may then be logged once more).
+/// in a loop writes one log line per connection, not one per call; and at most
+/// [`REFUSAL_LINES_PER_SECOND_MAX`] lines a second over all connections, so a caller that
+/// opens connection after connection cannot flood the log either (the lines left out are
+/// counted in the next one). Bounded: when full it starts afresh (a connection may then be
+/// logged once more).
 #[derive(Default)]
 pub struct RefusalLog {
-    logged: Mutex<HashSet<Option<SocketAddr>>>,
+    state: Mutex<RefusalLogState>,
+}
+
+#[derive(Default)]
+struct RefusalLogState {
+    logged: HashSet<Option<SocketAddr>>,
+    second: Option<std::time::Instant>,
+    lines_this_second: u32,
+    left_out: u64,
 }
 
 /// Connections remembered by [`RefusalLog`].
 const REFUSALS_REMEMBERED_MAX: usize = 4096;
+/// Refusal lines logged per second at most, over all connections.
+pub const REFUSAL_LINES_PER_SECOND_MAX: u32 = 10;
 
 impl RefusalLog {
-    /// Logs `refusal` (at WARN) unless a refusal on the connection from `remote` was.
+    /// Logs `refusal` (at WARN) unless a refusal on the connection from `remote` was, or
+    /// this second's lines are spent.
     pub fn once(&self, remote: Option<SocketAddr>, refusal: &str) {
-        let mut logged = lock(&self.logged);
-        if logged.len() >= REFUSALS_REMEMBERED_MAX {
-            logged.clear();
+        let mut state = lock(&self.state);
+        if state.logged.len() >= REFUSALS_REMEMBERED_MAX {
+            state.logged.clear();
         }
-        if logged.insert(remote) {
-            tracing::warn!(?remote, refusal, "refused a call on raft_addr");
+        if !state.logged.insert(remote) {
+            return;
         }
+        let now = std::time::Instant::now();
+        if state
+            .second
+            .is_none_or(|start| now.duration_since(start) >= std::time::Duration::from_secs(1))
+        {
+            state.second = Some(now);
+            state.lines_this_second = 0;
+        }
+        if state.lines_this_second >= REFUSAL_LINES_PER_SECOND_MAX {
+            state.left_out += 1;
+            return;
+        }
+        state.lines_this_second += 1;
+        let left_out = std::mem::take(&mut state.left_out);
+        tracing::warn!(?remote, refusal, left_out, "refused a call on raft_addr");
+    }
+}
+
+/// A caller's string as a log line or an answer may show it: escaped (`Debug`) and cut to
+/// 64 characters, so it can neither forge a line nor fill a log.
+pub fn shown(text: &str) -> String {
+    const SHOWN_CHARS_MAX: usize = 64;
+    match text.char_indices().nth(SHOWN_CHARS_MAX) {
+        Some((end, _)) => format!("{:?}...", &text[..end]),
+        None => format!("{text:?}"),
     }
 }
 
@@ -256,6 +295,32 @@ mod tests {
             of_certificate(b"not der", "fleet-a"),
             Err(IdentityError::Unparsable { .. })
         ));
+    }
+
+    #[test]
+    fn caller_strings_are_shown_escaped_and_cut() {
+        assert_eq!(shown("a\nb"), "\"a\\nb\"");
+        let long = "é".repeat(100);
+        let cut = shown(&long);
+        assert!(
+            cut.ends_with("...") && cut.chars().count() == 64 + 2 + 3,
+            "{cut}"
+        );
+    }
+
+    #[test]
+    fn refusals_are_logged_once_per_connection_and_within_a_rate() {
+        let log = RefusalLog::default();
+        let addr = |port| Some(SocketAddr::from(([127, 0, 0, 1], port)));
+        log.once(addr(1), "x");
+        log.once(addr(1), "x");
+        assert_eq!(lock(&log.state).lines_this_second, 1);
+        for port in 2..40 {
+            log.once(addr(port), "x");
+        }
+        let state = lock(&log.state);
+        assert_eq!(state.lines_this_second, REFUSAL_LINES_PER_SECOND_MAX);
+        assert_eq!(state.left_out, 39 - u64::from(REFUSAL_LINES_PER_SECOND_MAX));
     }
 
     #[test]

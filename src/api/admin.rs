@@ -87,18 +87,20 @@ impl AdminService {
     /// Refuses `method` unless the connection's certificate names an identity `allowed`
     /// (every caller is allowed on a plaintext `raft_addr`). Nothing of the request has been
     /// looked at yet.
+    /// Returns the caller's address, for [`AdminService::same_cluster`].
     fn authorize<T>(
         &self,
         request: &Request<T>,
         method: &str,
         allowed: Allowed,
-    ) -> Result<(), Status> {
+    ) -> Result<Option<std::net::SocketAddr>, Status> {
         use crate::identity::{Caller, Identity};
+        let remote = request.remote_addr();
         let refusal = match crate::identity::caller_of(request, self.tls, &self.cluster_id) {
             Err(e) => format!("Admin/{method}: {e}"),
-            Ok(Caller::Unauthenticated | Caller::Verified(Identity::Admin)) => return Ok(()),
+            Ok(Caller::Unauthenticated | Caller::Verified(Identity::Admin)) => return Ok(remote),
             Ok(Caller::Verified(Identity::Node(id))) => match allowed {
-                Allowed::AdminOrNode => return Ok(()),
+                Allowed::AdminOrNode => return Ok(remote),
                 Allowed::AdminOnly => format!(
                     "identity node {id} may not call Admin/{method}: only the admin identity \
                      (spiffe://{}/admin) may",
@@ -106,20 +108,30 @@ impl AdminService {
                 ),
             },
         };
-        self.refusals.once(request.remote_addr(), &refusal);
+        self.refusals.once(remote, &refusal);
         Err(Status::permission_denied(refusal))
     }
 
-    /// A request meant for another fleet (two fleets under one CA) is refused.
-    fn same_cluster(&self, cluster_id: &str) -> Result<(), Status> {
+    /// A request meant for another fleet (two fleets under one CA) is refused (logged once
+    /// per connection, from `remote`).
+    fn same_cluster(
+        &self,
+        remote: Option<std::net::SocketAddr>,
+        cluster_id: &str,
+    ) -> Result<(), Status> {
         if cluster_id == self.cluster_id {
             return Ok(());
         }
-        tracing::warn!(?cluster_id, "refused an Admin call for another cluster");
-        Err(Status::permission_denied(format!(
-            "cluster_id: `{cluster_id}` is not this node's cluster `{}`",
+        let refusal = format!(
+            "cluster_id: {} is not this node's cluster `{}`",
+            crate::identity::shown(cluster_id),
             self.cluster_id
-        )))
+        );
+        self.refusals.once(
+            remote,
+            &format!("an Admin call for another cluster: {refusal}"),
+        );
+        Err(Status::permission_denied(refusal))
     }
 }
 
@@ -131,9 +143,9 @@ impl Admin for AdminService {
         &self,
         request: Request<SaveSnapshotRequest>,
     ) -> Result<Response<SnapshotChunks>, Status> {
-        self.authorize(&request, "SaveSnapshot", Allowed::AdminOnly)?;
+        let remote = self.authorize(&request, "SaveSnapshot", Allowed::AdminOnly)?;
         let save = request.into_inner();
-        self.same_cluster(&save.cluster_id)?;
+        self.same_cluster(remote, &save.cluster_id)?;
         match self.node.backup().await {
             Ok((last, data)) => {
                 tracing::info!(index = last.index, size_bytes = data.len(), "backup sent");
@@ -156,9 +168,9 @@ impl Admin for AdminService {
         &self,
         request: Request<AddMemberRequest>,
     ) -> Result<Response<AdminResponse>, Status> {
-        self.authorize(&request, "AddMember", Allowed::AdminOnly)?;
+        let remote = self.authorize(&request, "AddMember", Allowed::AdminOnly)?;
         let add = request.into_inner();
-        self.same_cluster(&add.cluster_id)?;
+        self.same_cluster(remote, &add.cluster_id)?;
         if add.id == 0 {
             return Err(Status::invalid_argument("id: must be at least 1"));
         }
@@ -184,9 +196,9 @@ impl Admin for AdminService {
         &self,
         request: Request<RemoveMemberRequest>,
     ) -> Result<Response<AdminResponse>, Status> {
-        self.authorize(&request, "RemoveMember", Allowed::AdminOnly)?;
+        let remote = self.authorize(&request, "RemoveMember", Allowed::AdminOnly)?;
         let remove = request.into_inner();
-        self.same_cluster(&remove.cluster_id)?;
+        self.same_cluster(remote, &remove.cluster_id)?;
         match self.node.remove_member(remove.id).await {
             Ok(message) => Ok(Response::new(AdminResponse { message })),
             Err(NodeError::NotLeader { leader_raft_addr }) => Err(not_leader(leader_raft_addr)),
@@ -198,8 +210,8 @@ impl Admin for AdminService {
         &self,
         request: Request<ClusterStatusRequest>,
     ) -> Result<Response<ClusterStatusResponse>, Status> {
-        self.authorize(&request, "ClusterStatus", Allowed::AdminOrNode)?;
-        self.same_cluster(&request.get_ref().cluster_id)?;
+        let remote = self.authorize(&request, "ClusterStatus", Allowed::AdminOrNode)?;
+        self.same_cluster(remote, &request.get_ref().cluster_id)?;
         let status = self.node.status();
         // The digest reads every item under the state lock: a check for fault tests, not a
         // call for anyone holding a fleet certificate to make at will.
@@ -236,9 +248,9 @@ impl Admin for AdminService {
         &self,
         request: Request<SetFaultsRequest>,
     ) -> Result<Response<AdminResponse>, Status> {
-        self.authorize(&request, "SetFaults", Allowed::AdminOnly)?;
+        let remote = self.authorize(&request, "SetFaults", Allowed::AdminOnly)?;
         let request = request.into_inner();
-        self.same_cluster(&request.cluster_id)?;
+        self.same_cluster(remote, &request.cluster_id)?;
         let mut rules = std::collections::HashMap::new();
         for (i, fault) in request.faults.into_iter().enumerate() {
             let rule = match pb::internal::FaultKind::try_from(fault.kind) {

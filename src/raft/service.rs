@@ -253,15 +253,13 @@ impl PeerService {
             None => {}
         }
         if cluster_id != &*self.cluster_id {
-            tracing::warn!(
-                from_node_id,
-                cluster_id,
-                "refused raft traffic from another cluster"
-            );
-            return Some(Err(Status::permission_denied(format!(
-                "cluster_id `{cluster_id}` is not this node's cluster `{}`",
+            let refusal = format!(
+                "refused raft traffic from another cluster: cluster_id {} is not this node's cluster `{}`",
+                crate::identity::shown(cluster_id),
                 self.cluster_id
-            ))));
+            );
+            self.refusals.once(remote, &refusal);
+            return Some(Err(Status::permission_denied(refusal)));
         }
         Some(Ok(()))
     }
