@@ -268,11 +268,10 @@ pub async fn receive(
     let Some(whole) = whole.inspect_err(|e| warn_refused(&meta, e))? else {
         return Ok(Ok(answer));
     };
-    let (checked, whole, meta) = tokio::task::spawn_blocking(move || {
-        (check_received(&vote, &meta, &whole), whole, meta)
-    })
-    .await
-    .map_err(|e| refused("data", format!("the check of the snapshot failed: {e}")))?;
+    let (checked, whole, meta) =
+        tokio::task::spawn_blocking(move || (check_received(&vote, &meta, &whole), whole, meta))
+            .await
+            .map_err(|e| refused("data", format!("the check of the snapshot failed: {e}")))?;
     if let Err(e) = checked {
         warn_refused(&meta, &e);
         return Err(e);
@@ -375,7 +374,11 @@ mod tests {
         }
         let whole = whole.expect("whole");
         assert_eq!(whole, snapshot);
-        assert_eq!(whole.capacity(), snapshot.len(), "grown past its header's size");
+        assert_eq!(
+            whole.capacity(),
+            snapshot.len(),
+            "grown past its header's size"
+        );
         assert_eq!(check_received(&vote(), &meta, &whole), Ok(()));
         // The intake is empty again: a chunk past offset 0 starts nothing.
         let err = intake.admit("s1", 7, b"x", true).expect_err("ended");
