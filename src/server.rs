@@ -650,14 +650,7 @@ async fn follow_raft(
     crate::raft::gauges::export_core_running(true);
     loop {
         metrics::gauge!("ankusa_edge_calls_in_flight").set(gate.in_flight() as f64);
-        // Raft stopped by this node's own shutdown is no failure.
-        if let Some(why) =
-            crate::raft::gauges::core_stopped(&metrics).filter(|_| !*stopped.borrow())
-        {
-            crate::raft::gauges::export_core_running(false);
-            tracing::error!(reason = %why, "the Raft core stopped: this node drains and exits");
-            health.set_not_serving::<Fleet>().await;
-            core_stopped.send_replace(Some(why));
+        if reported_core_stop(&metrics, &health, &core_stopped, &stopped).await {
             return;
         }
         let leader_known = {
@@ -698,6 +691,28 @@ async fn follow_raft(
             _ = stopped.changed() => return,
         }
     }
+}
+
+/// Reports a Raft core that stopped while this node was not told to stop (its own
+/// shutdown stops Raft too, and that is no failure): `ankusa_raft_core_running` 0, `Fleet`
+/// health `NOT_SERVING`, and the reason to `core_stopped`. True if it reported one.
+async fn reported_core_stop(
+    metrics: &watch::Receiver<crate::raft::gauges::Metrics>,
+    health: &tonic_health::server::HealthReporter,
+    core_stopped: &watch::Sender<Option<String>>,
+    stopped: &watch::Receiver<bool>,
+) -> bool {
+    let Some(why) = crate::raft::gauges::core_stopped(metrics).filter(|_| !*stopped.borrow())
+    else {
+        return false;
+    };
+    crate::raft::gauges::export_core_running(false);
+    tracing::error!(reason = %why, "the Raft core stopped: this node drains and exits");
+    health
+        .set_not_serving::<pb::fleet_server::FleetServer<FleetService>>()
+        .await;
+    core_stopped.send_replace(Some(why));
+    true
 }
 
 impl RunningNode {

@@ -253,7 +253,7 @@ pub async fn receive(
         request.vote.partial_cmp(&my_vote),
         Some(std::cmp::Ordering::Greater | std::cmp::Ordering::Equal)
     ) {
-        tracing::info!(vote = %request.vote, %my_vote, "snapshot chunk under this node's vote, not kept");
+        tracing::debug!(vote = %request.vote, %my_vote, "snapshot chunk under this node's vote, not kept");
         return Ok(Ok(answer));
     }
     let InstallSnapshotRequest {
