@@ -30,7 +30,7 @@ use crate::raft::{LogId, NodeId, SnapshotMeta};
 use crate::storage::sled_disk::SledDisk;
 
 /// The largest snapshot a backup takes, as the largest a node installs from a peer.
-const SNAPSHOT_FILE_BYTES_MAX: u64 = crate::raft::service::SNAPSHOT_BYTES_MAX;
+const SNAPSHOT_FILE_BYTES_MAX: u64 = crate::raft::snapshot::intake::SNAPSHOT_BYTES_MAX;
 /// The sled cache of the short-lived store `restore` writes into.
 const RESTORE_SLED_CACHE_BYTES: u64 = 8 * 1024 * 1024;
 

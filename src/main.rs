@@ -171,13 +171,20 @@ async fn serve(path: PathBuf) -> anyhow::Result<()> {
     }
     let listeners = server::Listeners::bind(&config).await?;
     let running = server::start(config, listeners).await?;
-    // SIGTERM is what systemd and Kubernetes send; SIGINT is Ctrl-C. Both drain.
+    // SIGTERM is what systemd and Kubernetes send; SIGINT is Ctrl-C. Both drain, and so
+    // does a Raft core that stopped: the node then exits non-zero to be started again.
     let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-    let signal = tokio::select! {
-        _ = tokio::signal::ctrl_c() => "SIGINT",
-        _ = terminate.recv() => "SIGTERM",
+    let core_stopped = tokio::select! {
+        _ = tokio::signal::ctrl_c() => {
+            tracing::info!(signal = "SIGINT", "shutting down");
+            None
+        }
+        _ = terminate.recv() => {
+            tracing::info!(signal = "SIGTERM", "shutting down");
+            None
+        }
+        why = running.raft_core_stopped() => Some(why),
     };
-    tracing::info!(signal, "shutting down");
     // A second signal during the drain stops the node at once (as an operator who presses
     // Ctrl-C twice expects); the claim journals and the log are fsynced as they go.
     tokio::spawn(async move {
@@ -189,6 +196,14 @@ async fn serve(path: PathBuf) -> anyhow::Result<()> {
         std::process::exit(1);
     });
     running.drain().await;
+    if let Some(why) = core_stopped {
+        tracing::error!(
+            reason = %why,
+            exit_code = server::RAFT_CORE_STOPPED_EXIT_CODE,
+            "stopped: the Raft core had stopped"
+        );
+        std::process::exit(server::RAFT_CORE_STOPPED_EXIT_CODE);
+    }
     tracing::info!("stopped");
     Ok(())
 }

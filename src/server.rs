@@ -48,6 +48,9 @@ pub const RAFT_LOG_FILE: &str = "raft-log.redb";
 pub const STATE_SLED_DIR: &str = "state.sled";
 /// How long a stopping node waits for its servers' connections to close by themselves.
 const SERVERS_STOP_WAIT: Duration = Duration::from_secs(2);
+/// The exit status of a node whose Raft core stopped (after its drain), for its
+/// supervisor to start it again: 0 is a requested stop, 1 a start refused.
+pub const RAFT_CORE_STOPPED_EXIT_CODE: i32 = 3;
 /// How long a snapshot chunk may take to install on a receiving node.
 const INSTALL_SNAPSHOT_TIMEOUT_MS: u64 = 10_000;
 
@@ -134,6 +137,8 @@ impl Listeners {
 /// [`RunningNode::shutdown`].
 pub struct RunningNode {
     pub node: Arc<Node>,
+    /// Why the Raft core stopped, once it did without being told to (`follow_raft`).
+    core_stopped: watch::Receiver<Option<String>>,
     stop: watch::Sender<bool>,
     servers: Vec<JoinHandle<()>>,
     gate: DrainGate,
@@ -315,6 +320,7 @@ pub async fn start(config: NodeConfig, listeners: Listeners) -> Result<RunningNo
     // anything is acknowledged (a vote, an entry), or a power cut could lose a whole file.
     sync_dir(&config.data_dir)?;
     let (stop, stopped) = watch::channel(false);
+    let (core_stop_sender, core_stopped) = watch::channel(None);
     let gate = DrainGate::default();
     let (health, health_service) = tonic_health::server::health_reporter();
     // Until the node knows a leader (see `follow_raft`).
@@ -372,6 +378,7 @@ pub async fn start(config: NodeConfig, listeners: Listeners) -> Result<RunningNo
             Duration::from_millis(2 * config.election_timeout_ms_max),
             health.clone(),
             gate.clone(),
+            core_stop_sender,
             stopped.clone(),
         )),
         tokio::spawn(reconcile::run(node.clone(), stopped)),
@@ -380,6 +387,7 @@ pub async fn start(config: NodeConfig, listeners: Listeners) -> Result<RunningNo
     tracing::info!(node_id = config.node_id, api_addr = %config.api_addr, raft_addr = %config.raft_addr, "node started");
     Ok(RunningNode {
         node,
+        core_stopped,
         stop,
         servers,
         gate,
@@ -615,12 +623,19 @@ const FOLLOW_RAFT_EVERY: Duration = Duration::from_millis(100);
 /// load balancer can prefer nodes in touch with the fleet. The
 /// overall health ("") stays `SERVING` until the drain: the node can always answer its
 /// edge, from its own state if it must.
+///
+/// A Raft core that stops while the node has not been told to stop (a fatal storage
+/// error, a panic, `stop_raft_core`) ends the following: `Fleet` turns `NOT_SERVING`,
+/// `ankusa_raft_core_running` 0, and `core_stopped` gets the reason, on which the process
+/// drains and exits ([`RunningNode::raft_core_stopped`]). A node without its core would
+/// otherwise stay up, frozen at its last applied entry, and look healthy.
 async fn follow_raft(
     raft: Raft,
     node_id: crate::raft::NodeId,
     lease: Duration,
     health: tonic_health::server::HealthReporter,
     gate: DrainGate,
+    core_stopped: watch::Sender<Option<String>>,
     mut stopped: watch::Receiver<bool>,
 ) {
     type Fleet = pb::fleet_server::FleetServer<FleetService>;
@@ -634,7 +649,12 @@ async fn follow_raft(
     // second under load: they are read on a tick instead.
     let mut tick = tokio::time::interval(FOLLOW_RAFT_EVERY);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    crate::raft::gauges::export_core_running(true);
     loop {
+        metrics::gauge!("ankusa_edge_calls_in_flight").set(gate.in_flight() as f64);
+        if reported_core_stop(&metrics, &health, &core_stopped, &stopped).await {
+            return;
+        }
         let leader_known = {
             let now = metrics.borrow();
             gauges.export(&now, node_id);
@@ -675,7 +695,46 @@ async fn follow_raft(
     }
 }
 
+/// Reports a Raft core that stopped while this node was not told to stop (its own
+/// shutdown stops Raft too, and that is no failure): `ankusa_raft_core_running` 0, `Fleet`
+/// health `NOT_SERVING`, and the reason to `core_stopped`. True if it reported one.
+async fn reported_core_stop(
+    metrics: &watch::Receiver<crate::raft::gauges::Metrics>,
+    health: &tonic_health::server::HealthReporter,
+    core_stopped: &watch::Sender<Option<String>>,
+    stopped: &watch::Receiver<bool>,
+) -> bool {
+    let Some(why) = crate::raft::gauges::core_stopped(metrics).filter(|_| !*stopped.borrow())
+    else {
+        return false;
+    };
+    crate::raft::gauges::export_core_running(false);
+    tracing::error!(reason = %why, "the Raft core stopped: this node drains and exits");
+    health
+        .set_not_serving::<pb::fleet_server::FleetServer<FleetService>>()
+        .await;
+    core_stopped.send_replace(Some(why));
+    true
+}
+
 impl RunningNode {
+    /// Waits until the Raft core stops without being told to, and says why. The node cannot
+    /// take part in the fleet any more: the caller drains it and exits with
+    /// [`RAFT_CORE_STOPPED_EXIT_CODE`], so its supervisor starts it again from its data dir.
+    /// Pending forever if the core never stops.
+    pub async fn raft_core_stopped(&self) -> String {
+        let mut core_stopped = self.core_stopped.clone();
+        let why = core_stopped
+            .wait_for(Option::is_some)
+            .await
+            .map(|why| why.clone().unwrap_or_default());
+        match why {
+            Ok(why) => why,
+            // `follow_raft` ended without a stop: the node is stopping anyway.
+            Err(_) => std::future::pending().await,
+        }
+    }
+
     /// The graceful stop (SIGTERM, SIGINT): health turns `NOT_SERVING`, new edge calls are
     /// refused `UNAVAILABLE`, the calls in flight are answered (within their deadlines, at
     /// most `drain_timeout`), then [`RunningNode::shutdown`] flushes the stores. Raft keeps

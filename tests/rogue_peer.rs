@@ -2,7 +2,8 @@
 //! everything else wrong): thousands of seeded random and mutated frames to every `Peer`
 //! method, unary and on `Exchange`. Every node stays alive and the fleet still answers
 //! from the fleet afterwards. (With `[peer_tls]` such a process is refused at the
-//! handshake: tests/security.rs.)
+//! handshake: tests/security.rs.) A forged snapshot, well formed on the outside, is refused
+//! before openraft sees it, and every node goes on applying.
 
 mod common;
 
@@ -11,10 +12,13 @@ use std::time::Duration;
 use ankusa_fleet::codec;
 use ankusa_fleet::pb::internal::peer_client::PeerClient;
 use ankusa_fleet::pb::internal::{PeerFrame, PeerMethod, RaftMessage};
-use ankusa_fleet::raft::{NodeId, ProposeRequest, TypeConfig};
+use ankusa_fleet::raft::snapshot::{SnapshotBody, FORMAT_VERSION, HEADER_LEN};
+use ankusa_fleet::raft::{
+    LogId, MemberNode, NodeId, ProposeRequest, SnapshotMeta, StoredMembership, TypeConfig,
+};
 use common::*;
 use openraft::raft::{AppendEntriesRequest, InstallSnapshotRequest, VoteRequest};
-use openraft::Vote;
+use openraft::{CommittedLeaderId, Membership, Vote};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use tonic::transport::Channel;
@@ -204,4 +208,144 @@ fn assert_exited_none(fleet: &mut Fleet) {
         let exited = fleet.try_exit_status(id);
         assert!(exited.is_none(), "node {id} exited: {exited:?}");
     }
+}
+
+/// `body` behind a header whose magic, version, length and CRC-32 are all right.
+fn sealed(body: &[u8]) -> Vec<u8> {
+    let mut bytes = Vec::with_capacity(HEADER_LEN + body.len());
+    bytes.extend_from_slice(b"AKFS");
+    bytes.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
+    bytes.extend_from_slice(&(body.len() as u64).to_le_bytes());
+    bytes.extend_from_slice(&crc32fast::hash(body).to_le_bytes());
+    bytes.extend_from_slice(body);
+    bytes
+}
+
+/// Sends a whole snapshot in one `InstallSnapshot` call to `id`, as `leader` under `vote`;
+/// the status it was refused with (`None`: taken).
+async fn install(
+    fleet: &Fleet,
+    id: u64,
+    leader: u64,
+    vote: Vote<NodeId>,
+    meta: SnapshotMeta,
+    data: Vec<u8>,
+) -> Option<tonic::Status> {
+    let request = InstallSnapshotRequest::<TypeConfig> {
+        vote,
+        meta,
+        offset: 0,
+        data,
+        done: true,
+    };
+    let message = RaftMessage {
+        cluster_id: "ankusa-fleet".to_owned(),
+        from_node_id: leader,
+        payload: codec::encode(&request).expect("encode"),
+    };
+    let addr = format!("http://{}", fleet.nodes[&id].spec.raft_addr);
+    let channel = Channel::from_shared(addr)
+        .expect("uri")
+        .connect()
+        .await
+        .expect("connect");
+    let mut client = PeerClient::new(channel);
+    let call = client.install_snapshot(message);
+    match tokio::time::timeout(Duration::from_secs(10), call).await {
+        Ok(answer) => answer.err(),
+        Err(_) => fleet.fail(&format!("node {id} did not answer InstallSnapshot")),
+    }
+}
+
+/// The forged `InstallSnapshot` that once froze a follower: under the leader's own vote, a
+/// meta covering entries far past the follower's log, and a snapshot whose header, length
+/// and CRC are right over a body of 64 garbage bytes. It passed the header check, failed
+/// inside openraft's install and stopped the follower's Raft core, which then applied
+/// nothing more while saying it was fine. Now it is refused naming `data`; so is a good
+/// body whose meta claims more than it covers (`meta.last_log_id`); and every node goes on
+/// applying past the leader's index at the time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forged_snapshot_is_refused_by_field_and_every_node_keeps_applying() {
+    init_tracing();
+    let mut fleet = Fleet::start_plain(3, "").await;
+    let leader = fleet.wait_for_leader(&[1, 2, 3]).await;
+    fleet
+        .commit_claims(&[1, 2, 3], TENANT, &keys("before", 10), 4)
+        .await;
+    let follower = (1..=3).find(|id| *id != leader).expect("a follower");
+    let status = fleet.status(leader).await.expect("leader status");
+    let vote = Vote::new_committed(status.term, leader);
+    let committed = |index| LogId::new(CommittedLeaderId::new(status.term, leader), index);
+    let nodes = fleet
+        .initial
+        .iter()
+        .map(|spec| {
+            let node = MemberNode {
+                api_addr: spec.api_addr.clone(),
+                raft_addr: spec.raft_addr.clone(),
+            };
+            (spec.id, node)
+        })
+        .collect::<std::collections::BTreeMap<_, _>>();
+    let meta = SnapshotMeta {
+        last_log_id: Some(committed(status.last_applied + 1_000)),
+        last_membership: StoredMembership::new(Some(committed(1)), Membership::from(nodes)),
+        snapshot_id: "forged".to_owned(),
+    };
+
+    tracing::info!(
+        follower,
+        "--- a right header over a garbage body: refused as `data`"
+    );
+    let refused = install(
+        &fleet,
+        follower,
+        leader,
+        vote,
+        meta.clone(),
+        sealed(&[0xab; 64]),
+    )
+    .await
+    .unwrap_or_else(|| fleet.fail("the forged snapshot was taken"));
+    assert_eq!(refused.code(), tonic::Code::InvalidArgument, "{refused:?}");
+    assert!(names_field(refused.message(), "data"), "{refused:?}");
+
+    tracing::info!(
+        follower,
+        "--- a good body under a meta that claims more: refused"
+    );
+    let good = ankusa_fleet::raft::snapshot::encode(&SnapshotBody::default()).expect("encode");
+    let refused = install(&fleet, follower, leader, vote, meta, good)
+        .await
+        .unwrap_or_else(|| fleet.fail("a snapshot not fitting its meta was taken"));
+    assert_eq!(refused.code(), tonic::Code::InvalidArgument, "{refused:?}");
+    assert!(
+        names_field(refused.message(), "meta.last_log_id"),
+        "{refused:?}"
+    );
+
+    tracing::info!("--- every node applies past the leader's index at the time");
+    let index_then = fleet
+        .last_applied(leader)
+        .await
+        .unwrap_or_else(|| fleet.fail("the leader does not answer Status"));
+    let leader = fleet.wait_for_leader(&[1, 2, 3]).await;
+    fleet
+        .commit_claims(&[1, 2, 3], TENANT, &keys("after", 10), 4)
+        .await;
+    for id in 1..=3 {
+        let applied = fleet
+            .wait_for(&format!("node {id} applies past {index_then}"), || async {
+                let applied = fleet.last_applied(id).await?;
+                (applied > index_then).then_some(applied)
+            })
+            .await;
+        let status = fleet.status(id).await.expect("status");
+        assert!(
+            !status.degraded_reason.starts_with("raft core stopped"),
+            "node {id}: {status:?}"
+        );
+        tracing::info!(id, applied, leader, "applying");
+    }
+    assert_exited_none(&mut fleet);
 }

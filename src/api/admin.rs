@@ -294,6 +294,19 @@ impl Admin for AdminService {
         self.faults
             .set_clock_offset_ms(request.clock_offset_ms)
             .map_err(Status::failed_precondition)?;
+        let stopped = if request.stop_raft_core {
+            self.faults
+                .may_stop_raft_core()
+                .map_err(Status::failed_precondition)?;
+            self.node
+                .raft()
+                .shutdown()
+                .await
+                .map_err(|e| Status::internal(format!("stop_raft_core: {e}")))?;
+            ", Raft core stopped"
+        } else {
+            ""
+        };
         let held = if request.hold_log_writes {
             ", log writer held"
         } else {
@@ -304,7 +317,7 @@ impl Admin for AdminService {
             offset_ms => format!(", wall clock off by {offset_ms} ms"),
         };
         Ok(Response::new(AdminResponse {
-            message: format!("{count} fault rules set{held}{offset}"),
+            message: format!("{count} fault rules set{held}{offset}{stopped}"),
         }))
     }
 }

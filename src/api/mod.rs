@@ -365,6 +365,16 @@ impl pb::fleet_server::Fleet for FleetService {
         _request: Request<pb::StatusRequest>,
     ) -> Result<Response<pb::StatusResponse>, Status> {
         let status = self.node.status();
+        // The first that holds: a stopped Raft core (the node is on its way out), no leader,
+        // or local decisions not yet handed to the fleet.
+        let degraded_reason = match (&status.raft_core_stopped, status.leader_id) {
+            (Some(why), _) => format!("raft core stopped: {why}"),
+            (None, None) => "no leader known".to_owned(),
+            (None, Some(_)) if self.node.fallback().has_unreconciled() => {
+                "local decisions wait to be handed to the fleet".to_owned()
+            }
+            (None, Some(_)) => String::new(),
+        };
         Ok(Response::new(pb::StatusResponse {
             node_id: status.node_id,
             leader_id: status.leader_id.unwrap_or(0),
@@ -380,8 +390,8 @@ impl pb::fleet_server::Fleet for FleetService {
                     voter,
                 })
                 .collect(),
-            // No leader, or local decisions not yet handed to the fleet.
-            degraded: status.leader_id.is_none() || self.node.fallback().has_unreconciled(),
+            degraded: !degraded_reason.is_empty(),
+            degraded_reason,
         }))
     }
 }

@@ -423,6 +423,7 @@ impl Fleet {
                 .collect(),
             hold_log_writes,
             clock_offset_ms,
+            stop_raft_core: false,
         };
         tokio::time::timeout(CALL_TIMEOUT, async {
             target.connect().await?.set_faults(request).await?;

@@ -111,6 +111,8 @@ pub struct NodeStatus {
     pub term: u64,
     pub last_applied: u64,
     pub members: Vec<(NodeId, MemberNode, bool)>,
+    /// Why this node's Raft core stopped, if it did (the node then drains and exits).
+    pub raft_core_stopped: Option<String>,
 }
 
 /// The started parts a node is made of.
@@ -562,8 +564,11 @@ impl Node {
 
     /// This node's view: leader, term, applied index and members.
     pub fn status(&self) -> NodeStatus {
-        let metrics = self.raft.metrics().borrow().clone();
+        let receiver = self.raft.metrics();
+        let raft_core_stopped = crate::raft::gauges::core_stopped(&receiver);
+        let metrics = receiver.borrow().clone();
         NodeStatus {
+            raft_core_stopped,
             node_id: self.id,
             leader_id: metrics.current_leader,
             term: metrics.current_term,

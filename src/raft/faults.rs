@@ -12,9 +12,10 @@
 //! entries in memory, neither written nor fsynced, until the hold is lifted. A node killed
 //! meanwhile loses them, as it would in a power cut.
 //!
-//! Two more are about the node itself: an offset on its wall clock ([`crate::clock`]), and a
-//! known bug it plays for the nemesis's own tests (`config::PlantedBug`, set in the config,
-//! never through the Admin call).
+//! Three more are about the node itself: an offset on its wall clock ([`crate::clock`]), a
+//! stop of its Raft core (the Admin call stops it; [`Faults::may_stop_raft_core`] only says
+//! whether it may), and a known bug it plays for the nemesis's own tests
+//! (`config::PlantedBug`, set in the config, never through the Admin call).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Condvar, Mutex, RwLock};
@@ -134,6 +135,19 @@ impl Faults {
         Ok(())
     }
 
+    /// Whether this node's Raft core may be stopped on purpose (the Admin call does it, as
+    /// a fatal error would: the node then reports it, drains and exits).
+    ///
+    /// # Errors
+    /// When fault injection is not enabled in this node's config.
+    pub fn may_stop_raft_core(&self) -> Result<(), &'static str> {
+        if !self.enabled {
+            return Err("fault injection is off (config key fault_injection)");
+        }
+        tracing::warn!("stopping the Raft core on purpose (fault injection)");
+        Ok(())
+    }
+
     /// Holds (`true`) or releases the log writer: while held, appends wait in memory.
     ///
     /// # Errors
@@ -192,6 +206,8 @@ mod tests {
         let off = Faults::new(false).planting(Some(PlantedBug::OwnClock));
         assert!(off.set(HashMap::new()).is_err());
         assert!(off.set_clock_offset_ms(1).is_err());
+        assert!(off.may_stop_raft_core().is_err());
+        assert!(Faults::new(true).may_stop_raft_core().is_ok());
         assert_eq!(off.planted(), None);
         let on = Faults::new(true).planting(Some(PlantedBug::OwnClock));
         assert_eq!(on.planted(), Some(PlantedBug::OwnClock));

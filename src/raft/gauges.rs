@@ -1,6 +1,6 @@
 //! The Raft gauges, set from openraft's metrics each time they change: term, leader,
-//! indexes, membership size and, on the leader, how far each peer lags
-//! (docs/operations.md lists them).
+//! indexes, membership size, on the leader how far each peer lags, and whether the Raft
+//! core runs at all (docs/operations.md lists them).
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -39,6 +39,24 @@ impl Gauges {
         }
         self.lag_of = lagging;
     }
+}
+
+/// Why this node's Raft core no longer runs, if it does not: openraft puts the error that
+/// ended it (`Stopped` for a shutdown) in `running_state`, and a core task that ended
+/// without a word (a panic) drops the sender of its metrics.
+pub fn core_stopped(metrics: &tokio::sync::watch::Receiver<Metrics>) -> Option<String> {
+    if let Err(fatal) = &metrics.borrow().running_state {
+        return Some(fatal.to_string());
+    }
+    metrics
+        .has_changed()
+        .is_err()
+        .then(|| "the Raft core task ended".to_owned())
+}
+
+/// Sets `ankusa_raft_core_running`: 1 while the Raft core runs, 0 once it stopped.
+pub fn export_core_running(running: bool) {
+    metrics::gauge!("ankusa_raft_core_running").set(if running { 1.0 } else { 0.0 });
 }
 
 /// Sets the gauges; returns the peers whose lag it set.
@@ -84,6 +102,24 @@ mod tests {
 
     /// The commit index is what a majority holds: with 3 voters the second highest, with 4
     /// the second highest too (3 of 4), and a voter nobody heard from holds nothing.
+    /// A core that ended says why in `running_state`; one whose metrics sender is gone
+    /// (its task ended without a word) is stopped too.
+    #[test]
+    fn a_core_is_stopped_when_openraft_says_so_or_its_metrics_end() {
+        let (sender, receiver) = tokio::sync::watch::channel(Metrics::new_initial(1));
+        assert_eq!(core_stopped(&receiver), None);
+        let mut ended = Metrics::new_initial(1);
+        ended.running_state = Err(openraft::error::Fatal::Panicked);
+        sender.send(ended).expect("a receiver");
+        assert!(core_stopped(&receiver).is_some_and(|why| why.contains("panicked")));
+        let (sender, receiver) = tokio::sync::watch::channel(Metrics::new_initial(1));
+        drop(sender);
+        assert_eq!(
+            core_stopped(&receiver).as_deref(),
+            Some("the Raft core task ended")
+        );
+    }
+
     #[test]
     fn the_quorum_index_is_what_a_majority_holds() {
         let matched = BTreeMap::from([(1, 10), (2, 7), (3, 3)]);

@@ -25,10 +25,9 @@ use super::faults::{Fault, Faults};
 use super::{NodeId, ProposeRequest, ProposeResponse, Raft, TypeConfig};
 use crate::codec;
 use crate::identity::{Caller, Identity, RefusalLog};
-use crate::lock::lock;
 use crate::pb::internal::peer_server::Peer;
 use crate::pb::internal::{PeerFrame, PeerMethod, RaftMessage};
-use crate::raft::snapshot::HEADER_LEN;
+use crate::raft::snapshot::intake::{self, SnapshotIntake};
 
 /// Where `Propose` calls go: the node's proposal queue (implemented by `node`).
 pub trait ProposalSink: Send + Sync + 'static {
@@ -43,13 +42,6 @@ pub trait ProposalSink: Send + Sync + 'static {
 /// further while this many wait (HTTP/2 flow control then holds the sender back), so a peer
 /// cannot make a node spawn a task and queue an answer for every frame it sends.
 pub const EXCHANGE_FRAMES_IN_FLIGHT_MAX: usize = 256;
-
-/// The largest snapshot a node receives. A chunk is written at the offset its sender names;
-/// offsets are also held to what was received so far ([`SnapshotIntake`]), so memory grows
-/// only with bytes a peer really sent.
-/// 4 GiB: `codec::decode`'s largest tier (64 GiB) covers 16 times that, so a snapshot this
-/// node admits is one it can also decode.
-pub const SNAPSHOT_BYTES_MAX: u64 = 4 << 30;
 
 /// The peer-facing gRPC service (cheap to clone: every clone serves the same node).
 #[derive(Clone)]
@@ -66,75 +58,6 @@ pub struct PeerService {
     /// any node of its cluster until the leader's first entries tell it the membership.
     initial_members: Arc<[NodeId]>,
     refusals: Arc<RefusalLog>,
-}
-
-/// The snapshot being received: its id, how many bytes of it arrived, its header and the
-/// running checksum of its body. openraft writes a chunk at its offset into an in-memory
-/// buffer, and a snapshot that fails to install stops its Raft core; so an offset past what
-/// arrived (which would grow the buffer to a size the sender only claimed) is refused, and
-/// so is a last chunk whose snapshot does not match its own header: it never reaches
-/// openraft.
-#[derive(Default)]
-pub struct SnapshotIntake {
-    snapshot_id: String,
-    received_bytes: u64,
-    header: Vec<u8>,
-    body_crc: crc32fast::Hasher,
-}
-
-impl SnapshotIntake {
-    /// Admits a chunk that starts a snapshot (offset 0) or continues the current one at or
-    /// before its end, within [`SNAPSHOT_BYTES_MAX`]; the last one (`done`) only if the
-    /// whole snapshot checks against its header. A chunk sent again (a retry) is admitted;
-    /// only bytes past what arrived count toward the checksum.
-    ///
-    /// # Errors
-    /// The field that is out of bounds, for an `INVALID_ARGUMENT` answer.
-    pub fn admit(
-        &mut self,
-        snapshot_id: &str,
-        offset: u64,
-        data: &[u8],
-        done: bool,
-    ) -> Result<(), String> {
-        let end = u64::try_from(data.len())
-            .ok()
-            .and_then(|len| offset.checked_add(len))
-            .filter(|end| *end <= SNAPSHOT_BYTES_MAX)
-            .ok_or_else(|| format!("offset: a chunk ending past {SNAPSHOT_BYTES_MAX} bytes"))?;
-        if offset == 0 {
-            *self = Self {
-                snapshot_id: snapshot_id.to_owned(),
-                ..Self::default()
-            };
-        } else if snapshot_id != self.snapshot_id {
-            return Err(format!(
-                "meta.snapshot_id: `{snapshot_id}` was not started with a chunk at offset 0"
-            ));
-        } else if offset > self.received_bytes {
-            return Err(format!(
-                "offset: {offset} is past the {} bytes received of snapshot `{snapshot_id}`",
-                self.received_bytes
-            ));
-        }
-        let seen = usize::try_from(self.received_bytes - offset).unwrap_or(usize::MAX);
-        if let Some(fresh) = data.get(seen..) {
-            let into_header = fresh.len().min(HEADER_LEN - self.header.len());
-            self.header.extend_from_slice(&fresh[..into_header]);
-            self.body_crc.update(&fresh[into_header..]);
-        }
-        self.received_bytes = self.received_bytes.max(end);
-        if done {
-            let body_bytes = self.received_bytes.saturating_sub(HEADER_LEN as u64);
-            crate::raft::snapshot::check_header(
-                &self.header,
-                body_bytes,
-                self.body_crc.clone().finalize(),
-            )
-            .map_err(|e| format!("data: the received snapshot does not check: {e}"))?;
-        }
-        Ok(())
-    }
 }
 
 /// The answers an `Exchange` stream sends back.
@@ -307,15 +230,10 @@ impl PeerService {
                     "meta.last_membership.log_id",
                     request.meta.last_membership.log_id().as_ref(),
                 )?;
-                lock(&self.intake)
-                    .admit(
-                        &request.meta.snapshot_id,
-                        request.offset,
-                        &request.data,
-                        request.done,
-                    )
-                    .map_err(Status::invalid_argument)?;
-                seal(&self.raft.install_snapshot(request).await)
+                let answer = intake::receive(&self.raft, &self.intake, request)
+                    .await
+                    .map_err(|refused| Status::invalid_argument(refused.to_string()))?;
+                seal(&answer)
             }
             PeerMethod::Propose => seal(&self.proposals.propose(open(payload)?).await),
             PeerMethod::Unspecified => Err(Status::invalid_argument("method: not set")),
@@ -525,20 +443,6 @@ impl Peer for PeerService {
 mod tests {
     use super::*;
 
-    fn chunks_of(snapshot: &[u8], size: usize) -> Vec<(u64, &[u8], bool)> {
-        let count = snapshot.chunks(size).count();
-        snapshot
-            .chunks(size)
-            .enumerate()
-            .map(|(i, chunk)| ((i * size) as u64, chunk, i + 1 == count))
-            .collect()
-    }
-
-    fn a_snapshot() -> Vec<u8> {
-        crate::raft::snapshot::encode(&crate::raft::snapshot::SnapshotBody::default())
-            .expect("encode")
-    }
-
     #[test]
     fn terms_and_indexes_past_the_bound_are_refused_by_field() {
         let past = TERM_OR_INDEX_MAX + 1;
@@ -556,54 +460,5 @@ mod tests {
             "{err:?}"
         );
         assert!(bounded_log_id("leader_commit", None).is_ok());
-    }
-
-    #[test]
-    fn a_whole_snapshot_is_admitted_chunk_by_chunk_even_with_a_retry() {
-        let snapshot = a_snapshot();
-        let mut intake = SnapshotIntake::default();
-        let chunks = chunks_of(&snapshot, 7);
-        for (n, (offset, chunk, done)) in chunks.iter().enumerate() {
-            intake.admit("s1", *offset, chunk, *done).expect("admitted");
-            if n == 2 {
-                // openraft resends a chunk whose answer it did not get.
-                let (offset, chunk, _) = chunks[1];
-                intake.admit("s1", offset, chunk, false).expect("a retry");
-            }
-        }
-    }
-
-    #[test]
-    fn offsets_past_what_arrived_and_unchecked_snapshots_are_refused() {
-        let snapshot = a_snapshot();
-        let mut intake = SnapshotIntake::default();
-        let err = intake.admit("s1", 1 << 20, b"x", false).expect_err("a gap");
-        assert!(err.starts_with("meta.snapshot_id"), "{err}");
-        intake
-            .admit("s1", 0, &snapshot[..10], false)
-            .expect("first");
-        let err = intake
-            .admit("s1", 11, &snapshot[11..], true)
-            .expect_err("a gap");
-        assert!(err.starts_with("offset"), "{err}");
-        let err = intake
-            .admit("s2", 10, &snapshot[10..], true)
-            .expect_err("another id");
-        assert!(err.starts_with("meta.snapshot_id"), "{err}");
-        let err = intake
-            .admit("s1", u64::MAX, b"xy", false)
-            .expect_err("overflow");
-        assert!(err.starts_with("offset"), "{err}");
-        let mut flipped = snapshot.clone();
-        let last = flipped.len() - 1;
-        flipped[last] ^= 1;
-        let err = intake
-            .admit("s1", 10, &flipped[10..], true)
-            .expect_err("a flipped bit");
-        assert!(err.starts_with("data"), "{err}");
-        let err = SnapshotIntake::default()
-            .admit("s3", 0, &[0xff; 25], true)
-            .expect_err("25 bytes of 0xff");
-        assert!(err.starts_with("data"), "{err}");
     }
 }

@@ -47,7 +47,8 @@ impl Fleet {
         self.send_faults(id, request).await;
     }
 
-    async fn send_faults(&self, id: u64, request: pb::internal::SetFaultsRequest) {
+    /// Sends `request` to node `id`'s Admin `SetFaults` (every field; it replaces the whole set).
+    pub async fn send_faults(&self, id: u64, request: pb::internal::SetFaultsRequest) {
         let mut admin = self
             .admin_target(id)
             .connect()

@@ -3,10 +3,12 @@
 //! and verified when reading, so a torn or corrupted snapshot is refused, never installed.
 //!
 //! This module turns a state image into bytes and back; when to take a snapshot is
-//! [`policy`], building one off the hot path is `build`, keeping it in sled is [`store`].
+//! [`policy`], building one off the hot path is `build`, keeping it in sled is [`store`],
+//! receiving one from the leader (checked whole before openraft installs it) is [`intake`].
 
 pub mod bench;
 mod build;
+pub mod intake;
 pub mod policy;
 pub mod store;
 
