@@ -157,9 +157,10 @@ fn raft_config(config: &NodeConfig) -> Result<openraft::Config, openraft::Config
     .validate()
 }
 
-/// Creates the data dir and makes its name durable in its parent.
+/// Creates the data dir, mode 0700 (also an existing one: `storage::create_private_dir`),
+/// and makes its name durable in its parent.
 fn open_dir(path: &Path) -> Result<(), StartError> {
-    std::fs::create_dir_all(path).map_err(|source| StartError::DataDir {
+    crate::storage::create_private_dir(path).map_err(|source| StartError::DataDir {
         path: path.display().to_string(),
         source,
     })?;
@@ -229,6 +230,9 @@ pub async fn start(config: NodeConfig, listeners: Listeners) -> Result<RunningNo
     let api_tls = config.api_tls.as_ref().map(ApiTls::load).transpose()?;
     if peer_tls.is_none() && config.insecure_peer_traffic {
         tracing::warn!(raft_addr = %config.raft_addr, "insecure_peer_traffic = true: Raft traffic is plaintext and unauthenticated; anyone who reaches raft_addr can rewrite this node's log");
+    }
+    if config.insecure_edge_api {
+        tracing::warn!(api_addr = %config.api_addr, "insecure_edge_api = true: edge clients are not authenticated; anyone who reaches api_addr can spend, reset and claim for every tenant");
     }
     // The limits file is checked before anything touches the data dir.
     let envoy_limits = Arc::new(match &config.rate_limits_file {
@@ -314,6 +318,11 @@ pub async fn start(config: NodeConfig, listeners: Listeners) -> Result<RunningNo
     // Every store's file and directory now exists; their names reach the disk before
     // anything is acknowledged (a vote, an entry), or a power cut could lose a whole file.
     sync_dir(&config.data_dir)?;
+    // Files an older version or a wider umask left readable become the node user's alone.
+    crate::storage::make_tree_private(&config.data_dir).map_err(|source| StartError::DataDir {
+        path: config.data_dir.display().to_string(),
+        source,
+    })?;
     let (stop, stopped) = watch::channel(false);
     let gate = DrainGate::default();
     let (health, health_service) = tonic_health::server::health_reporter();
