@@ -24,7 +24,7 @@ pub const PRIVATE_DIR_MODE: u32 = 0o700;
 pub const PRIVATE_FILE_MODE: u32 = 0o600;
 /// The process umask of a serving node, so the files its stores create later (sled's, the
 /// journals', the WAL's segments) are private whatever umask it was started with.
-pub const PRIVATE_UMASK: u32 = 0o077;
+pub const PRIVATE_UMASK: libc::mode_t = 0o077;
 
 /// Creates directory `dir` (and missing parents) and gives `dir` itself
 /// [`PRIVATE_DIR_MODE`], also when it existed with a wider mode.
@@ -70,11 +70,10 @@ pub fn make_tree_private(dir: &Path) -> std::io::Result<()> {
 }
 
 /// Sets the process umask to [`PRIVATE_UMASK`]; a serving node calls it once, before it
-/// opens its stores. Returns the umask before.
-pub fn set_private_umask() -> u32 {
+/// opens its stores.
+pub fn set_private_umask() {
     // SAFETY: umask(2) only swaps the process' file mode creation mask; it cannot fail.
-    let before = unsafe { libc::umask(PRIVATE_UMASK as libc::mode_t) };
-    u32::from(before)
+    unsafe { libc::umask(PRIVATE_UMASK) };
 }
 
 /// The directory that holds `path`: its parent, or `.` for a bare name.
