@@ -378,6 +378,8 @@ struct Held {
 /// What the connection's reader ([`Guarded`]) and its calls ([`CallsLayer`]) share.
 struct ConnectionState {
     established_places: Arc<Semaphore>,
+    /// The size of `established_places`, for the refusal's message.
+    established_max: usize,
     held: Mutex<Held>,
     calls_open: AtomicUsize,
     /// When a call last started or ended (or the connection was accepted).
@@ -403,6 +405,7 @@ impl ConnectionState {
     ) -> Arc<Self> {
         Arc::new(Self {
             established_places,
+            established_max: limits.connections_max,
             held: Mutex::new(Held {
                 unproven: Some(unproven),
                 established: None,
@@ -424,7 +427,7 @@ impl ConnectionState {
             if held.established.is_none() {
                 let Ok(place) = Arc::clone(&self.established_places).try_acquire_owned() else {
                     return Err(NoPlace {
-                        max: self.established_places.available_permits(),
+                        max: self.established_max,
                     });
                 };
                 held.established = Some(place);
@@ -950,6 +953,43 @@ mod tests {
             .call_started()
             .expect("the freed place");
         drop(second_server);
+    }
+
+    /// Wired into a tonic server, the layer finds each call's connection: a call makes it
+    /// established, and its end leaves no call open.
+    #[tokio::test]
+    async fn a_call_through_tonic_establishes_its_connection() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let (incoming, layer) = incoming(listener, limits(), MemberSources::default());
+        let registry = Arc::clone(&layer.registry);
+        let (_reporter, health) = tonic_health::server::health_reporter();
+        tokio::spawn(
+            tonic::transport::Server::builder()
+                .layer(layer)
+                .add_service(health)
+                .serve_with_incoming(incoming),
+        );
+        let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+            .expect("endpoint")
+            .connect()
+            .await
+            .expect("connect");
+        let mut client = tonic_health::pb::health_client::HealthClient::new(channel);
+        client
+            .check(tonic_health::pb::HealthCheckRequest::default())
+            .await
+            .expect("answered");
+        let states: Vec<_> = lock(&registry).values().filter_map(Weak::upgrade).collect();
+        assert_eq!(states.len(), 1);
+        let state = &states[0];
+        assert!(lock(&state.held).established.is_some(), "not established");
+        assert!(lock(&state.held).unproven.is_none(), "still unproven");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while state.calls_open.load(Ordering::Acquire) > 0 {
+            assert!(Instant::now() < deadline, "the call never ended");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
     }
 
     /// Members' addresses have places of their own: with none left for other addresses, a
