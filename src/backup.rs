@@ -250,7 +250,7 @@ pub async fn restore(config: &NodeConfig, file: &Path) -> anyhow::Result<Summary
     check_member(config, &body, file)?;
     let data_dir = &config.data_dir;
     ensure_empty(data_dir)?;
-    std::fs::create_dir_all(data_dir)
+    crate::storage::create_private_dir(data_dir)
         .with_context(|| format!("creating {}", data_dir.display()))?;
     sync_dir(crate::storage::parent_dir(data_dir))?;
     // Written first and removed last: a node refuses to start while it is there, so a
@@ -267,6 +267,8 @@ pub async fn restore(config: &NodeConfig, file: &Path) -> anyhow::Result<Summary
         snapshot_id: format!("restored-{}-{}", last.leader_id, last.index),
     };
     seed(data_dir, config.node_id, &meta, data).await?;
+    crate::storage::make_tree_private(data_dir)
+        .with_context(|| format!("making {} private", data_dir.display()))?;
     sync_dir(data_dir)?;
     std::fs::remove_file(&marker).with_context(|| format!("removing {}", marker.display()))?;
     sync_dir(data_dir)?;

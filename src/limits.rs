@@ -49,24 +49,54 @@ pub const TCP_KEEPALIVE: Duration = Duration::from_secs(30);
 pub const TCP_KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
 pub const TCP_KEEPALIVE_RETRIES: u32 = 3;
 
-/// Connections open at once on each server; one more is closed as soon as it is accepted.
-/// The edge on one host needs one per worker; a fleet needs one per peer plus the `cluster`
-/// commands. Keep the process' open-file limit above their sum (systemd `LimitNOFILE`).
+/// Established connections (past their first call) open at once on each server; a call
+/// on one more is answered `UNAVAILABLE`. The edge on one host needs one per worker; a
+/// fleet needs one per peer plus the `cluster` commands. Keep the process' open-file limit
+/// above the sum of every budget here (systemd `LimitNOFILE`).
 pub const API_CONNECTIONS_MAX: usize = 1024;
 pub const PEER_CONNECTIONS_MAX: usize = 128;
 
-/// Connections open at once on `raft_addr` from one source address. A place is taken when
-/// the TCP connection is accepted, before the TLS handshake proves anything; this keeps
-/// one host without a certificate from holding every place, so restarted and new members
-/// can still connect. A node needs one to each peer, plus `cluster` commands and forwards.
-pub const PEER_CONNECTIONS_PER_SOURCE_MAX: usize = 16;
+/// Connections open at once on `raft_addr` from members' addresses (their `raft_addr`
+/// IPs, from the config's `[[members]]` and the current membership): a budget of its own,
+/// established and unproven each, so a flood from other addresses cannot lock a member
+/// out.
+pub const PEER_MEMBER_CONNECTIONS_MAX: usize = 128;
 
-/// A connection from which nothing was read for this long is closed. An edge client that
-/// keeps a quiet `HitStream` open must send HTTP/2 keepalive pings (tonic's
-/// `keep_alive_while_idle`; off by default) or reopen the stream when it ends; a peer's
-/// client pings every second, so only a connection that says nothing at all reaches it.
+/// Connections open at once from one source address, in any stage. A place is taken when
+/// the TCP connection is accepted, before the TLS handshake proves anything; this keeps
+/// one host from holding every place. A node needs one to each peer, plus `cluster`
+/// commands and forwards; on `raft_addr` a member's address gets this many per member
+/// there. The edge's workers on one host share one address: half the API's places.
+pub const PEER_CONNECTIONS_PER_SOURCE_MAX: usize = 16;
+pub const API_CONNECTIONS_PER_SOURCE_MAX: usize = API_CONNECTIONS_MAX / 2;
+
+/// Connections open at once that have made no call yet (in their TLS handshake, or
+/// silent), all sources together and from one source: a budget apart from established
+/// connections, so never-finishing handshakes and silent sockets cannot take their places.
+/// One more is closed as soon as it is accepted; a legitimate client makes its first call
+/// at once and moves to the established places.
+pub const API_UNPROVEN_CONNECTIONS_MAX: usize = 64;
+pub const API_UNPROVEN_PER_SOURCE_MAX: usize = 16;
+pub const PEER_UNPROVEN_CONNECTIONS_MAX: usize = 32;
+pub const PEER_UNPROVEN_PER_SOURCE_MAX: usize = 8;
+
+/// How long a new connection has to make its first call: its TLS handshake
+/// ([`TLS_HANDSHAKE_TIMEOUT`]) and the HTTP/2 preface fit well within it.
+pub const FIRST_CALL_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A connection with no call open for this long is closed. Only calls count (a call's
+/// start, its end, and any time while it is open), not bytes: HTTP/2 pings or a trickle of
+/// bytes that never makes a request do not keep a connection. An edge client that keeps
+/// a quiet `HitStream` open is never idle; one without calls for this long reconnects. A
+/// peer keeps its `Exchange` stream open.
 pub const API_IDLE_TIMEOUT: Duration = Duration::from_secs(300);
 pub const PEER_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Bytes of `Exchange` frames one peer connection may have being answered at once (every
+/// `Exchange` stream on it together): a stream is read no further while its next frame
+/// does not fit, so HTTP/2 flow control holds the sender back. Two of the largest peer
+/// messages fit, so one large frame never waits for itself.
+pub const EXCHANGE_BYTES_IN_FLIGHT_MAX: usize = 2 * PEER_MESSAGE_BYTES_MAX;
 
 /// How long a new connection may take to finish its TLS handshake.
 pub const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);

@@ -170,6 +170,9 @@ async fn serve(path: PathBuf) -> anyhow::Result<()> {
         ankusa_fleet::telemetry::serve_metrics(addr)?;
     }
     let listeners = server::Listeners::bind(&config).await?;
+    // After the bind: `api_socket`'s directory and file keep the modes that let the edge's
+    // group in. From here on every file the stores create is the node user's alone.
+    ankusa_fleet::storage::set_private_umask();
     let running = server::start(config, listeners).await?;
     // SIGTERM is what systemd and Kubernetes send; SIGINT is Ctrl-C. Both drain, and so
     // does a Raft core that stopped: the node then exits non-zero to be started again.

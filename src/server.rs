@@ -13,7 +13,9 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tonic::transport::Server;
 
-use crate::accept::{incoming, incoming_unix, ConnectionLimits, UnixSocket};
+use crate::accept::{
+    incoming, incoming_unix, CallsLayer, ConnectionLimits, MemberSources, UnixSocket,
+};
 use crate::api::admin::AdminService;
 use crate::api::drain::DrainGate;
 use crate::api::validate::RequestDefaults;
@@ -162,9 +164,10 @@ fn raft_config(config: &NodeConfig) -> Result<openraft::Config, openraft::Config
     .validate()
 }
 
-/// Creates the data dir and makes its name durable in its parent.
+/// Creates the data dir, mode 0700 (also an existing one: `storage::create_private_dir`),
+/// and makes its name durable in its parent.
 fn open_dir(path: &Path) -> Result<(), StartError> {
-    std::fs::create_dir_all(path).map_err(|source| StartError::DataDir {
+    crate::storage::create_private_dir(path).map_err(|source| StartError::DataDir {
         path: path.display().to_string(),
         source,
     })?;
@@ -234,6 +237,9 @@ pub async fn start(config: NodeConfig, listeners: Listeners) -> Result<RunningNo
     let api_tls = config.api_tls.as_ref().map(ApiTls::load).transpose()?;
     if peer_tls.is_none() && config.insecure_peer_traffic {
         tracing::warn!(raft_addr = %config.raft_addr, "insecure_peer_traffic = true: Raft traffic is plaintext and unauthenticated; anyone who reaches raft_addr can rewrite this node's log");
+    }
+    if config.insecure_edge_api {
+        tracing::warn!(api_addr = %config.api_addr, "insecure_edge_api = true: edge clients are not authenticated; anyone who reaches api_addr can spend, reset and claim for every tenant");
     }
     // The limits file is checked before anything touches the data dir.
     let envoy_limits = Arc::new(match &config.rate_limits_file {
@@ -319,6 +325,11 @@ pub async fn start(config: NodeConfig, listeners: Listeners) -> Result<RunningNo
     // Every store's file and directory now exists; their names reach the disk before
     // anything is acknowledged (a vote, an entry), or a power cut could lose a whole file.
     sync_dir(&config.data_dir)?;
+    // Files an older version or a wider umask left readable become the node user's alone.
+    crate::storage::make_tree_private(&config.data_dir).map_err(|source| StartError::DataDir {
+        path: config.data_dir.display().to_string(),
+        source,
+    })?;
     let (stop, stopped) = watch::channel(false);
     let (core_stop_sender, core_stopped) = watch::channel(None);
     let gate = DrainGate::default();
@@ -333,7 +344,18 @@ pub async fn start(config: NodeConfig, listeners: Listeners) -> Result<RunningNo
         faults.clone(),
         peer_tls.is_some(),
     );
+    // Members' addresses get connection places of their own on raft_addr: the config's
+    // initial members at once, then the membership as it changes.
+    let members = MemberSources::default();
+    let initial: Vec<String> = config.members.iter().map(|m| m.raft_addr.clone()).collect();
+    members.set(initial.iter().map(String::as_str));
     let servers = vec![
+        tokio::spawn(follow_members(
+            raft.clone(),
+            members.clone(),
+            initial,
+            stopped.clone(),
+        )),
         tokio::spawn(serve_peers(
             PeerService::new(
                 raft.clone(),
@@ -345,7 +367,7 @@ pub async fn start(config: NodeConfig, listeners: Listeners) -> Result<RunningNo
             ),
             admin,
             peer_tls.as_ref(),
-            listeners.raft,
+            (listeners.raft, members.clone()),
             stopped.clone(),
         )?),
         tokio::spawn(serve_api(
@@ -438,17 +460,23 @@ fn request_defaults(config: &NodeConfig) -> RequestDefaults {
     }
 }
 
-/// A server builder with the limits both servers share and `tls`, if any.
+/// A server with [`CallsLayer`] around its services.
+type Layered = tower::layer::util::Stack<CallsLayer, tower::layer::util::Identity>;
+
+/// A server builder with the limits both servers share, `calls` marking the calls on
+/// their connections, and `tls`, if any.
 fn server_builder(
     tls: Option<tonic::transport::ServerTlsConfig>,
     streams_per_connection_max: u32,
     calls_per_connection_max: usize,
-) -> Result<Server, StartError> {
+    calls: CallsLayer,
+) -> Result<Server<Layered>, StartError> {
     let builder = Server::builder()
         .max_concurrent_streams(streams_per_connection_max)
         .concurrency_limit_per_connection(calls_per_connection_max)
         .http2_max_header_list_size(limits::HEADER_LIST_BYTES_MAX)
-        .timeout(limits::CALL_TIMEOUT_MAX);
+        .timeout(limits::CALL_TIMEOUT_MAX)
+        .layer(calls);
     match tls {
         Some(tls) => builder
             .tls_config(tls)
@@ -462,7 +490,7 @@ fn serve_peers(
     peer: PeerService,
     admin: AdminService,
     tls: Option<&PeerTls>,
-    listener: TcpListener,
+    (listener, members): (TcpListener, MemberSources),
     stopped: watch::Receiver<bool>,
 ) -> Result<impl std::future::Future<Output = ()> + Send + 'static, StartError> {
     let peer = pb::internal::peer_server::PeerServer::new(peer)
@@ -470,23 +498,24 @@ fn serve_peers(
         .max_encoding_message_size(limits::PEER_MESSAGE_BYTES_MAX);
     let admin = pb::internal::admin_server::AdminServer::new(admin)
         .max_decoding_message_size(limits::API_MESSAGE_BYTES_MAX);
+    let connections = ConnectionLimits {
+        connections_max: limits::PEER_CONNECTIONS_MAX,
+        per_source_max: limits::PEER_CONNECTIONS_PER_SOURCE_MAX,
+        unproven_max: limits::PEER_UNPROVEN_CONNECTIONS_MAX,
+        unproven_per_source_max: limits::PEER_UNPROVEN_PER_SOURCE_MAX,
+        first_call_timeout: limits::FIRST_CALL_TIMEOUT,
+        idle_timeout: limits::PEER_IDLE_TIMEOUT,
+        member_connections_max: limits::PEER_MEMBER_CONNECTIONS_MAX,
+    };
+    let (incoming, calls) = incoming(listener, connections, members);
     let mut builder = server_builder(
         tls.map(PeerTls::server),
         limits::PEER_STREAMS_PER_CONNECTION_MAX,
         limits::PEER_CALLS_PER_CONNECTION_MAX,
+        calls,
     )?;
     let router = builder.add_service(peer).add_service(admin);
-    let connections = ConnectionLimits {
-        connections_max: limits::PEER_CONNECTIONS_MAX,
-        per_source_max: limits::PEER_CONNECTIONS_PER_SOURCE_MAX,
-        idle_timeout: limits::PEER_IDLE_TIMEOUT,
-    };
-    Ok(serve(
-        router,
-        incoming(listener, connections),
-        stopped,
-        "raft",
-    ))
+    Ok(serve(router, incoming, stopped, "raft"))
 }
 
 /// `api_addr`: `Fleet` and health for the edge, TLS only under `[api_tls]`; and the same
@@ -505,12 +534,13 @@ fn serve_api(
         .max_decoding_message_size(limits::API_MESSAGE_BYTES_MAX);
     let envoy =
         RateLimitServiceServer::new(envoy).max_decoding_message_size(limits::API_MESSAGE_BYTES_MAX);
-    let router = |tls: Option<tonic::transport::ServerTlsConfig>| {
+    let router = |tls: Option<tonic::transport::ServerTlsConfig>, calls: CallsLayer| {
         Ok::<_, StartError>(
             server_builder(
                 tls,
                 limits::API_STREAMS_PER_CONNECTION_MAX,
                 limits::API_CALLS_PER_CONNECTION_MAX,
+                calls,
             )?
             .add_service(health.clone())
             .add_service(fleet.clone())
@@ -521,20 +551,25 @@ fn serve_api(
     };
     let connections = ConnectionLimits {
         connections_max: limits::API_CONNECTIONS_MAX,
-        // The edge is on this host: every connection comes from one address.
-        per_source_max: limits::API_CONNECTIONS_MAX,
+        per_source_max: limits::API_CONNECTIONS_PER_SOURCE_MAX,
+        unproven_max: limits::API_UNPROVEN_CONNECTIONS_MAX,
+        unproven_per_source_max: limits::API_UNPROVEN_PER_SOURCE_MAX,
+        first_call_timeout: limits::FIRST_CALL_TIMEOUT,
         idle_timeout: limits::API_IDLE_TIMEOUT,
+        member_connections_max: 0,
     };
+    let (incoming_tcp, calls) = incoming(listener, connections, MemberSources::default());
     let tcp = serve(
-        router(tls.map(ApiTls::server))?,
-        incoming(listener, connections),
+        router(tls.map(ApiTls::server), calls)?,
+        incoming_tcp,
         stopped.clone(),
         "api",
     );
     let unix = match socket {
         Some(UnixSocket { listener, file }) => {
             let served = serve(
-                router(None)?,
+                // The connection rides in the connect info: no registry is needed.
+                router(None, CallsLayer::default())?,
                 incoming_unix(listener, connections),
                 stopped,
                 "api_socket",
@@ -594,7 +629,7 @@ mod reflection {
 
 /// Serves `router` on the connections `incoming` yields, until `stopped`.
 async fn serve<IO>(
-    router: tonic::transport::server::Router,
+    router: tonic::transport::server::Router<Layered>,
     incoming: impl futures::Stream<Item = std::io::Result<IO>> + Send + 'static,
     stopped: watch::Receiver<bool>,
     server: &'static str,
@@ -611,6 +646,42 @@ async fn serve<IO>(
         .await;
     if let Err(e) = served {
         tracing::error!(error = %e, server, "server stopped");
+    }
+}
+
+/// How often `follow_members` looks at the membership.
+const FOLLOW_MEMBERS_EVERY: Duration = Duration::from_secs(1);
+
+/// Keeps `members` (the addresses with connection places of their own on `raft_addr`) to
+/// the current membership, voters and learners, plus the config's initial members (set
+/// before): a member the config lists keeps its places while it is being added.
+async fn follow_members(
+    raft: Raft,
+    members: MemberSources,
+    initial: Vec<String>,
+    mut stopped: watch::Receiver<bool>,
+) {
+    let metrics = raft.metrics();
+    let mut seen = None;
+    let mut tick = tokio::time::interval(FOLLOW_MEMBERS_EVERY);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        {
+            let now = metrics.borrow();
+            let membership = &now.membership_config;
+            if seen != Some(*membership.log_id()) {
+                seen = Some(*membership.log_id());
+                let current = membership.nodes().map(|(_, node)| node.raft_addr.as_str());
+                // Each member once (the initial ones are in the membership too, mostly).
+                let all: std::collections::BTreeSet<&str> =
+                    current.chain(initial.iter().map(String::as_str)).collect();
+                members.set(all);
+            }
+        }
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = stopped.changed() => return,
+        }
     }
 }
 

@@ -160,10 +160,12 @@ fn check_rate_telemetry(
         Ok(_) => ("request_denied", "denied"),
         Err(_) => ("rate_limiter_exception", "error"),
     };
-    tracing::info!(
+    // Per call, so at debug; the caller's strings in Debug form (quoted, a newline escaped),
+    // so no entity id can forge a log line.
+    tracing::debug!(
         event,
-        entity_id = %request.entity_id,
-        operation = %request.operation,
+        entity_id = ?request.entity_id,
+        operation = ?request.operation,
         decision,
         limit = request.limit,
         window_ms = request.window_ms,
@@ -393,5 +395,56 @@ impl pb::fleet_server::Fleet for FleetService {
             degraded: !degraded_reason.is_empty(),
             degraded_reason,
         }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Write;
+    use std::sync::{Arc, Mutex};
+
+    use super::*;
+
+    /// Collects what a subscriber writes.
+    #[derive(Clone, Default)]
+    struct Captured(Arc<Mutex<Vec<u8>>>);
+
+    impl Write for Captured {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().expect("lock").extend_from_slice(bytes);
+            Ok(bytes.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    /// An entity id with a newline and a forged line after it stays inside its own field:
+    /// the call writes one line, with the newline escaped.
+    #[test]
+    fn a_caller_string_cannot_forge_a_log_line() {
+        let captured = Captured::default();
+        let writer = captured.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_max_level(tracing::Level::DEBUG)
+            .with_ansi(false)
+            .with_writer(move || writer.clone())
+            .finish();
+        let request = pb::CheckRateRequest {
+            entity_id: "e1\n2026-12-04T00:00:00Z  INFO node started forged=yes".to_owned(),
+            operation: "op\r\nx".to_owned(),
+            ..Default::default()
+        };
+        tracing::subscriber::with_default(subscriber, || {
+            check_rate_telemetry(&request, &Err(Status::internal("x")), 5);
+        });
+        let text = String::from_utf8(captured.0.lock().expect("lock").clone()).expect("utf-8");
+        assert_eq!(text.lines().count(), 1, "{text}");
+        assert!(text.contains("DEBUG"), "per-call logs are debug: {text}");
+        assert!(
+            text.contains(r#"entity_id="e1\n2026-12-04T00:00:00Z  INFO node started forged=yes""#),
+            "{text}"
+        );
+        assert!(text.contains(r#"operation="op\r\nx""#), "{text}");
     }
 }

@@ -77,6 +77,11 @@ pub struct ConfigFile {
     /// accident.
     #[serde(default)]
     pub insecure_peer_traffic: bool,
+    /// Lets a node whose `api_addr` is not loopback serve the edge API without `[api_tls]`
+    /// and its `client_ca_file`: anyone who reaches that address can then spend, reset and
+    /// claim for every tenant. Named so nobody sets it by accident.
+    #[serde(default)]
+    pub insecure_edge_api: bool,
     /// How long SIGTERM waits for calls in flight before the node stops anyway.
     pub drain_timeout_ms: Option<u64>,
 }
@@ -263,6 +268,9 @@ pub struct NodeConfig {
     pub peer_tls: Option<PeerTlsFiles>,
     pub api_tls: Option<ApiTlsFiles>,
     pub insecure_peer_traffic: bool,
+    /// Set, and edge clients are not authenticated (no `client_ca_file`): the node warns
+    /// at start.
+    pub insecure_edge_api: bool,
     /// How long a drain (SIGTERM, SIGINT) waits for calls in flight.
     pub drain_timeout: Duration,
 }
@@ -323,6 +331,8 @@ impl NodeConfig {
                 ),
             ));
         }
+        check_edge_tls(&file, api_addr)?;
+        let insecure_edge_api = file.insecure_edge_api && !edge_authenticated(&file);
         let drain_timeout_ms = file.drain_timeout_ms.unwrap_or(Defaults::DRAIN_TIMEOUT_MS);
         if drain_timeout_ms > DRAIN_TIMEOUT_MS_MAX {
             return Err(invalid(
@@ -444,6 +454,7 @@ impl NodeConfig {
             peer_tls: file.peer_tls,
             api_tls: file.api_tls,
             insecure_peer_traffic: file.insecure_peer_traffic,
+            insecure_edge_api,
             drain_timeout: Duration::from_millis(drain_timeout_ms),
             metrics_addr: file
                 .metrics_addr
@@ -499,6 +510,34 @@ fn at_most(
 fn parse_addr(field: &str, text: &str) -> Result<SocketAddr, ConfigError> {
     text.parse()
         .map_err(|_| invalid(field, format!("`{text}` is not an ip:port address")))
+}
+
+/// True when edge clients must present a certificate (`[api_tls]` with `client_ca_file`).
+fn edge_authenticated(file: &ConfigFile) -> bool {
+    file.api_tls
+        .as_ref()
+        .is_some_and(|tls| tls.client_ca_file.is_some())
+}
+
+/// A non-loopback `api_addr` serves only clients with a certificate of `client_ca_file`,
+/// unless `insecure_edge_api = true` says otherwise: an unauthenticated caller there may
+/// spend, reset and claim for every tenant.
+fn check_edge_tls(file: &ConfigFile, api_addr: SocketAddr) -> Result<(), ConfigError> {
+    if api_addr.ip().is_loopback() || edge_authenticated(file) || file.insecure_edge_api {
+        return Ok(());
+    }
+    let missing = match file.api_tls {
+        None => "set [api_tls] with client_ca_file",
+        Some(_) => "set client_ca_file in [api_tls]",
+    };
+    Err(invalid(
+        "api_tls",
+        format!(
+            "api_addr {api_addr} is not a loopback address: {missing} (edge clients then \
+             present a certificate of that CA), or insecure_edge_api = true to let anyone \
+             who reaches it spend, reset and claim for every tenant"
+        ),
+    ))
 }
 
 fn validate_members(file: &ConfigFile) -> Result<(), ConfigError> {
@@ -646,6 +685,43 @@ raft_addr = "127.0.0.1:7201"
             .expect_err("unknown key")
             .to_string();
         assert!(err.contains("ca_path"), "{err}");
+    }
+
+    #[test]
+    fn an_api_addr_off_loopback_needs_client_certificates_or_the_insecure_key() {
+        let exposed = MINIMAL.replace("127.0.0.1:7101", "0.0.0.0:7101");
+        let err = NodeConfig::from_toml(&exposed)
+            .expect_err("refused")
+            .to_string();
+        assert!(err.contains("`api_tls`"), "{err}");
+        assert!(err.contains("insecure_edge_api"), "{err}");
+        let server_only =
+            format!("{exposed}\n[api_tls]\ncert_file = \"n.pem\"\nkey_file = \"n.key\"\n");
+        let err = NodeConfig::from_toml(&server_only)
+            .expect_err("TLS without client certificates is refused")
+            .to_string();
+        assert!(err.contains("client_ca_file"), "{err}");
+        let with_clients = format!("{server_only}client_ca_file = \"edge-ca.pem\"\n");
+        let config = NodeConfig::from_toml(&with_clients).expect("allowed");
+        assert!(!config.insecure_edge_api);
+        let insecure = exposed.replace("data_dir", "insecure_edge_api = true\ndata_dir");
+        assert!(
+            NodeConfig::from_toml(&insecure)
+                .expect("allowed")
+                .insecure_edge_api
+        );
+        // On loopback nothing is needed; the key, if set, still warns.
+        let local = MINIMAL.replace("data_dir", "insecure_edge_api = true\ndata_dir");
+        assert!(
+            NodeConfig::from_toml(&local)
+                .expect("allowed")
+                .insecure_edge_api
+        );
+        assert!(
+            !NodeConfig::from_toml(MINIMAL)
+                .expect("valid")
+                .insecure_edge_api
+        );
     }
 
     /// `key` defaults to `default`, takes 0 (off), and refuses `too_large` by name.

@@ -405,6 +405,9 @@ impl Peer for PeerService {
     /// never holds up an `AppendEntries` behind it; answers go back as they are ready. At
     /// most [`EXCHANGE_FRAMES_IN_FLIGHT_MAX`] frames are answered at once: each task holds a
     /// permit until its answer is queued, and the queue has room for every permit's answer.
+    /// The frames being answered on one connection (all its `Exchange` streams) hold at
+    /// most `limits::EXCHANGE_BYTES_IN_FLIGHT_MAX` bytes: a frame that does not fit waits,
+    /// and its stream is read no further meanwhile.
     async fn exchange(
         &self,
         request: Request<Streaming<PeerFrame>>,
@@ -412,6 +415,13 @@ impl Peer for PeerService {
         // The connection's certificate is checked once, each frame's sender on its own.
         let caller = self.caller(&request)?;
         let remote = request.remote_addr();
+        use crate::limits::EXCHANGE_BYTES_IN_FLIGHT_MAX;
+        // The connection's budget, shared by its streams (one of its own for a stream
+        // served without a guarded connection).
+        let bytes_in_flight = match request.extensions().get::<crate::accept::Connection>() {
+            Some(connection) => connection.frame_bytes(EXCHANGE_BYTES_IN_FLIGHT_MAX),
+            None => Arc::new(Semaphore::new(EXCHANGE_BYTES_IN_FLIGHT_MAX)),
+        };
         let mut calls = request.into_inner();
         let (answers, outbound) = mpsc::channel(EXCHANGE_FRAMES_IN_FLIGHT_MAX);
         let in_flight = Arc::new(Semaphore::new(EXCHANGE_FRAMES_IN_FLIGHT_MAX));
@@ -424,6 +434,12 @@ impl Peer for PeerService {
                 let Ok(Some(frame)) = calls.message().await else {
                     break;
                 };
+                // A frame is at most a peer message, which the budget holds twice over.
+                let bytes = prost::Message::encoded_len(&frame).min(EXCHANGE_BYTES_IN_FLIGHT_MAX);
+                let bytes = u32::try_from(bytes).unwrap_or(u32::MAX);
+                let Ok(bytes) = Arc::clone(&bytes_in_flight).acquire_many_owned(bytes).await else {
+                    break;
+                };
                 let service = service.clone();
                 let answers = answers.clone();
                 tokio::spawn(async move {
@@ -431,7 +447,7 @@ impl Peer for PeerService {
                         // The caller hung up: nobody is left to read the answer.
                         let _ = answers.send(Ok(answer)).await;
                     }
-                    drop(permit);
+                    drop((permit, bytes));
                 });
             }
         });

@@ -17,6 +17,65 @@ pub fn sync_dir(dir: &Path) -> std::io::Result<()> {
     std::fs::File::open(dir)?.sync_all()
 }
 
+/// The mode of the data dir and of every directory in it: only the node's user enters.
+pub const PRIVATE_DIR_MODE: u32 = 0o700;
+/// The mode of every file in the data dir: only the node's user reads it (it holds every
+/// tenant's state and claims).
+pub const PRIVATE_FILE_MODE: u32 = 0o600;
+/// The process umask of a serving node, so the files its stores create later (sled's, the
+/// journals', the WAL's segments) are private whatever umask it was started with.
+pub const PRIVATE_UMASK: libc::mode_t = 0o077;
+
+/// Creates directory `dir` (and missing parents) and gives `dir` itself
+/// [`PRIVATE_DIR_MODE`], also when it existed with a wider mode.
+///
+/// # Errors
+/// When the directory cannot be created or its mode set.
+pub fn create_private_dir(dir: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(PRIVATE_DIR_MODE)
+        .create(dir)?;
+    // The mode given to `create` is cut by the umask, and an existing directory keeps its
+    // own: set it explicitly.
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(PRIVATE_DIR_MODE))
+}
+
+/// Gives every directory under `dir` [`PRIVATE_DIR_MODE`] and every file
+/// [`PRIVATE_FILE_MODE`] (a data dir written by an older version, or under a wide umask).
+/// Symbolic links are left alone, not followed.
+///
+/// # Errors
+/// When a directory cannot be read or a mode set.
+pub fn make_tree_private(dir: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    let mut dirs = vec![dir.to_path_buf()];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir)? {
+            let entry = entry?;
+            let kind = entry.file_type()?;
+            let mode = if kind.is_dir() {
+                dirs.push(entry.path());
+                PRIVATE_DIR_MODE
+            } else if kind.is_file() {
+                PRIVATE_FILE_MODE
+            } else {
+                continue;
+            };
+            std::fs::set_permissions(entry.path(), std::fs::Permissions::from_mode(mode))?;
+        }
+    }
+    Ok(())
+}
+
+/// Sets the process umask to [`PRIVATE_UMASK`]; a serving node calls it once, before it
+/// opens its stores.
+pub fn set_private_umask() {
+    // SAFETY: umask(2) only swaps the process' file mode creation mask; it cannot fail.
+    unsafe { libc::umask(PRIVATE_UMASK) };
+}
+
 /// The directory that holds `path`: its parent, or `.` for a bare name.
 pub fn parent_dir(path: &Path) -> &Path {
     path.parent()
@@ -38,4 +97,51 @@ pub fn unless_panic<T>(work: impl FnOnce() -> T) -> Result<T, String> {
             .or_else(|| payload.downcast_ref::<String>().cloned())
             .unwrap_or_else(|| "a panic with no message".to_owned())
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::fs::PermissionsExt;
+
+    use super::*;
+
+    fn mode(path: &Path) -> u32 {
+        std::fs::metadata(path)
+            .expect("metadata")
+            .permissions()
+            .mode()
+            & 0o777
+    }
+
+    /// A wide existing data dir and what is in it are made private; a new one is born so.
+    #[test]
+    fn a_data_dir_and_its_files_are_made_private() {
+        let root = tempfile::tempdir().expect("tempdir");
+        let fresh = root.path().join("fresh").join("data");
+        create_private_dir(&fresh).expect("create");
+        assert_eq!(mode(&fresh), PRIVATE_DIR_MODE);
+
+        let old = root.path().join("old");
+        std::fs::create_dir_all(old.join("state.sled").join("blobs")).expect("mkdir");
+        std::fs::write(old.join("raft-log.redb"), b"x").expect("write");
+        std::fs::write(old.join("state.sled").join("db"), b"x").expect("write");
+        for path in [&old, &old.join("state.sled")] {
+            std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        }
+        std::fs::set_permissions(
+            old.join("raft-log.redb"),
+            std::fs::Permissions::from_mode(0o644),
+        )
+        .expect("chmod");
+        create_private_dir(&old).expect("tighten");
+        make_tree_private(&old).expect("tighten");
+        assert_eq!(mode(&old), PRIVATE_DIR_MODE);
+        assert_eq!(mode(&old.join("state.sled")), PRIVATE_DIR_MODE);
+        assert_eq!(
+            mode(&old.join("state.sled").join("blobs")),
+            PRIVATE_DIR_MODE
+        );
+        assert_eq!(mode(&old.join("raft-log.redb")), PRIVATE_FILE_MODE);
+        assert_eq!(mode(&old.join("state.sled").join("db")), PRIVATE_FILE_MODE);
+    }
 }
