@@ -493,9 +493,11 @@ fn serve_peers(
     (listener, members): (TcpListener, MemberSources),
     stopped: watch::Receiver<bool>,
 ) -> Result<impl std::future::Future<Output = ()> + Send + 'static, StartError> {
+    let before_reading = peer.before_reading();
     let peer = pb::internal::peer_server::PeerServer::new(peer)
         .max_decoding_message_size(limits::PEER_MESSAGE_BYTES_MAX)
         .max_encoding_message_size(limits::PEER_MESSAGE_BYTES_MAX);
+    let peer = tonic::service::interceptor::InterceptedService::new(peer, before_reading);
     let admin = pb::internal::admin_server::AdminServer::new(admin)
         .max_decoding_message_size(limits::API_MESSAGE_BYTES_MAX);
     let connections = ConnectionLimits {

@@ -121,21 +121,7 @@ impl PeerService {
                 method.as_str_name()
             ));
         }
-        // Read under the metrics' lock, without copying: this runs for every frame.
-        let (known, voter, learner) = {
-            let metrics = self.raft.metrics();
-            let metrics = metrics.borrow();
-            let membership = metrics.membership_config.membership();
-            let known = membership.nodes().next().is_some();
-            let voter = membership.voter_ids().any(|voter| voter == id);
-            let learner = membership.learner_ids().any(|learner| learner == id);
-            (known, voter, learner)
-        };
-        let member = if known {
-            voter || learner
-        } else {
-            self.initial_members.is_empty() || self.initial_members.contains(&id)
-        };
+        let (member, learner) = self.membership_of(id);
         if !member {
             return Err(format!(
                 "identity node {id} may not call Peer/{}: it is not a member of this fleet",
@@ -153,6 +139,47 @@ impl PeerService {
             ));
         }
         Ok(())
+    }
+
+    /// Whether node `id` is a member (of the membership this node knows; before it knows
+    /// one, of the config's `[[members]]`, or any node when that is empty too), and whether
+    /// it is a learner.
+    fn membership_of(&self, id: NodeId) -> (bool, bool) {
+        // Read under the metrics' lock, without copying: this runs for every frame.
+        let metrics = self.raft.metrics();
+        let metrics = metrics.borrow();
+        let membership = metrics.membership_config.membership();
+        if membership.nodes().next().is_none() {
+            let member = self.initial_members.is_empty() || self.initial_members.contains(&id);
+            return (member, false);
+        }
+        let voter = membership.voter_ids().any(|voter| voter == id);
+        let learner = membership.learner_ids().any(|learner| learner == id);
+        (voter || learner, learner)
+    }
+
+    /// The check of a call's connection before its message is read (a tonic interceptor on
+    /// the `Peer` server): a certificate with no identity of this fleet, the admin identity
+    /// and a node that is no member are refused before the node receives and decodes up to
+    /// `PEER_MESSAGE_BYTES_MAX` bytes for them. The rest is checked per call and frame.
+    pub fn before_reading(&self) -> impl Fn(Request<()>) -> Result<Request<()>, Status> + Clone {
+        let service = self.clone();
+        move |request: Request<()>| {
+            let refusal = match service.caller(&request)? {
+                Caller::Unauthenticated => return Ok(request),
+                Caller::Verified(Identity::Admin) => {
+                    "identity admin may not call Peer: only member nodes may".to_owned()
+                }
+                Caller::Verified(Identity::Node(id)) => match service.membership_of(id) {
+                    (true, _) => return Ok(request),
+                    (false, _) => format!(
+                        "identity node {id} may not call Peer: it is not a member of this fleet"
+                    ),
+                },
+            };
+            service.refusals.once(request.remote_addr(), &refusal);
+            Err(Status::permission_denied(refusal))
+        }
     }
 
     /// Checks who calls (`authorize`), applies any fault rule for the sender, then checks
