@@ -291,10 +291,8 @@ pub async fn start(config: NodeConfig, listeners: Listeners) -> Result<RunningNo
         forwards_in_flight_max: config.forwards_in_flight_max,
         linger: std::time::Duration::from_micros(config.batch_linger_us),
     };
-    let proposer = Proposer::start(
-        Arc::new(Router::new(config.node_id, raft.clone(), peers)),
-        limits,
-    );
+    let router = Router::new(config.node_id, raft.clone(), peers, config.state_limits);
+    let proposer = Proposer::start(Arc::new(router), limits, config.ceilings);
     let node = Arc::new(Node::new(NodeParts {
         id: config.node_id,
         raft: raft.clone(),
@@ -425,6 +423,7 @@ fn request_defaults(config: &NodeConfig) -> RequestDefaults {
     RequestDefaults {
         timeout: config.timeout_default,
         claim_ttl_ms: config.claim_ttl_ms_default,
+        ceilings: config.ceilings,
     }
 }
 

@@ -138,7 +138,12 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
                         request.now_us
                     };
                     FleetResponse {
-                        answers: rules::apply_batch(&mut applied.state, &request.commands, now_us),
+                        answers: rules::apply_batch_within(
+                            &mut applied.state,
+                            &request.commands,
+                            now_us,
+                            &request.limits,
+                        ),
                     }
                 }
                 EntryPayload::Membership(membership) => {

@@ -162,6 +162,7 @@ async fn the_next_segment_is_made_ahead_and_taken_when_the_log_rolls() {
 fn long_entry(index: u64) -> Entry {
     let request = FleetRequest {
         now_us: 1_000 * index,
+        limits: crate::state::StateLimits::UNLIMITED,
         commands: vec![Command::Reset {
             tenant: "t".repeat(700).into(),
         }]
