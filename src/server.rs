@@ -88,6 +88,11 @@ pub enum StartError {
     Reflection(String),
     #[error("{0}")]
     RateLimits(#[from] crate::envoy::limits::LimitsError),
+    #[error(
+        "rate_limits_file: a limit's unit is {unit_us} us, past config key `capacity_us_max` \
+         ({capacity_us_max} us)"
+    )]
+    RateLimitUnit { unit_us: u64, capacity_us_max: u64 },
 }
 
 /// The listening sockets of a node (bound before start, so tests can use port 0).
@@ -234,6 +239,13 @@ pub async fn start(config: NodeConfig, listeners: Listeners) -> Result<RunningNo
     let envoy_limits = Arc::new(match &config.rate_limits_file {
         Some(path) => {
             let limits = crate::envoy::limits::Limits::load(path)?;
+            let capacity_us_max = config.ceilings.capacity_us_max;
+            if limits.longest_unit_us() > capacity_us_max {
+                return Err(StartError::RateLimitUnit {
+                    unit_us: limits.longest_unit_us(),
+                    capacity_us_max,
+                });
+            }
             tracing::info!(path = %path.display(), domains = limits.domains(), "Envoy rate limits loaded");
             limits
         }

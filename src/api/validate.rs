@@ -322,4 +322,52 @@ mod tests {
         assert!(bytes <= API_MESSAGE_BYTES_MAX, "{bytes} bytes");
         assert!(bytes * 4 > API_MESSAGE_BYTES_MAX, "{bytes} bytes");
     }
+
+    /// Above the node's ceilings a request is invalid, and the message names the field and
+    /// the config key.
+    #[test]
+    fn the_node_ceilings_are_input_rules_naming_field_and_key() {
+        let defaults = RequestDefaults {
+            timeout: std::time::Duration::from_secs(1),
+            claim_ttl_ms: 1_000,
+            ceilings: Ceilings {
+                ttl_ms_max: 60_000,
+                capacity_us_max: 10_000_000,
+            },
+        };
+        let request = |capacity_us, ttl_ms| pb::HitRequest {
+            charges: vec![pb::Charge {
+                kind: pb::Kind::Hooks as i32,
+                tenant: "t".into(),
+                increment_us: 1_000,
+                capacity_us,
+            }],
+            claim: Some(pb::Claim {
+                tenant: "t".into(),
+                source_id: "s".into(),
+                key: "k".into(),
+                hook_id: "h".into(),
+                ttl_ms,
+                pending_ttl_ms: 1_000,
+            }),
+            ..Default::default()
+        };
+        hit(&request(10_000_000, 60_000), defaults).expect("at the ceilings");
+        let capacity = hit(&request(10_000_001, 60_000), defaults).expect_err("capacity");
+        assert_eq!(capacity.field, "charges[0].capacity_us");
+        assert!(capacity.reason.contains("capacity_us_max"), "{capacity}");
+        let ttl = hit(&request(10_000_000, 60_001), defaults).expect_err("ttl");
+        assert_eq!(ttl.field, "claim.ttl_ms");
+        assert!(ttl.reason.contains("ttl_ms_max"), "{ttl}");
+        let window = pb::CheckRateRequest {
+            entity_id: "e".into(),
+            operation: "o".into(),
+            limit: 1,
+            window_ms: 10_001,
+            ..Default::default()
+        };
+        let window = check_rate(&window, defaults).expect_err("window");
+        assert_eq!(window.field, "window_ms");
+        assert!(window.reason.contains("capacity_us_max"), "{window}");
+    }
 }

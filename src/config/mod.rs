@@ -182,15 +182,16 @@ impl Defaults {
     /// Longer than the longest call deadline the API accepts, so a drain answers every
     /// call in flight (systemd's `TimeoutStopSec` must exceed it: docs/operations.md).
     pub const DRAIN_TIMEOUT_MS: u64 = 65_000;
-    /// Sized for a 4 GiB node (docs/operations.md, "Sizing the state limits"): about 1.3 GiB
-    /// of live claims at their measured cost, with room for a snapshot's encoded copy.
-    pub const CLAIMS_MAX: u64 = 4_000_000;
-    /// About 1 GiB of live buckets at their measured cost (docs/operations.md).
-    pub const BUCKETS_MAX: u64 = 4_000_000;
+    /// Sized for a 4 GiB node (docs/operations.md, "Sizing the state limits"): a live claim
+    /// costs about 430 bytes of memory, so about 1.3 GiB of claims, with room for buckets,
+    /// a snapshot's encoded copy and the log's tail.
+    pub const CLAIMS_MAX: u64 = 3_000_000;
+    /// A live bucket costs about 290 bytes: about 0.55 GiB of buckets.
+    pub const BUCKETS_MAX: u64 = 2_000_000;
     /// A quarter of `CLAIMS_MAX`: one tenant's flood leaves room for the others.
-    pub const TENANT_CLAIMS_MAX: u64 = 1_000_000;
+    pub const TENANT_CLAIMS_MAX: u64 = 750_000;
     /// A quarter of `BUCKETS_MAX` (an Envoy domain's descriptors, an entity's operations).
-    pub const TENANT_BUCKETS_MAX: u64 = 1_000_000;
+    pub const TENANT_BUCKETS_MAX: u64 = 500_000;
     /// Seven days: past any provider's retries, and a flood of claims holds its room for a
     /// week at most, not 30 days.
     pub const TTL_MS_MAX: u64 = 7 * 86_400_000;

@@ -153,6 +153,10 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
             };
             responses.push(response);
         }
+        let (buckets, claims) = applied.state.len();
+        metrics::gauge!("ankusa_state_claims").set(claims as f64);
+        metrics::gauge!("ankusa_state_buckets").set(buckets as f64);
+        metrics::gauge!("ankusa_state_bytes_estimate").set(applied.state.bytes_estimate() as f64);
         Ok(responses)
     }
 

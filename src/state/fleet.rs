@@ -14,6 +14,13 @@ use serde::{Deserialize, Serialize};
 use super::model::{BucketKey, ClaimKey, ClaimRecord, EntityId, NodeId, TenantId};
 use super::shards::Sharded;
 
+/// What one stored claim costs in memory, about: its key and record, its map slot, its
+/// expiry entry and its share of the tenant counts, measured with typical ids
+/// (`examples/state_bytes.rs`, docs/operations.md).
+pub const CLAIM_BYTES_ESTIMATE: u64 = 430;
+/// What one stored bucket costs in memory, about, measured the same way.
+pub const BUCKET_BYTES_ESTIMATE: u64 = 290;
+
 /// Most expiry entries popped before they are swept (see [`FleetState::advance_clock`]):
 /// a log entry's claims share a deadline, ~60 of them under load.
 const SWEEP_BATCH: usize = 256;
@@ -260,6 +267,13 @@ impl FleetState {
     /// Number of stored buckets and claims (live or not yet swept).
     pub fn len(&self) -> (usize, usize) {
         (self.buckets.len(), self.claims.len())
+    }
+
+    /// The memory the stored items take, estimated from their counts
+    /// ([`CLAIM_BYTES_ESTIMATE`], [`BUCKET_BYTES_ESTIMATE`]): long ids cost more.
+    pub fn bytes_estimate(&self) -> u64 {
+        let (buckets, claims) = self.len();
+        claims as u64 * CLAIM_BYTES_ESTIMATE + buckets as u64 * BUCKET_BYTES_ESTIMATE
     }
 
     /// Claims stored for `tenant` (after [`FleetState::advance_clock`], the live ones).

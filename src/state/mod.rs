@@ -14,5 +14,5 @@ pub mod model;
 pub mod rules;
 mod shards;
 
-pub use fleet::{FleetState, LiveImage, StateImage};
+pub use fleet::{FleetState, LiveImage, StateImage, BUCKET_BYTES_ESTIMATE, CLAIM_BYTES_ESTIMATE};
 pub use model::*;
