@@ -190,7 +190,13 @@ fn exhausted_naming(result: &Result<i32, tonic::Status>, limit: &str) -> bool {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_flood_of_unique_keys_stops_at_claims_max_and_a_restart_replays_within_it() {
     init_tracing();
-    let limits = format!("claims_max = {CLAIMS_MAX}\ntenant_claims_max = {TENANT_CLAIMS_MAX}");
+    // Slower heartbeats and elections than the default: after the restart every node reads
+    // the whole flood back from its log, and a debug build on a shared machine answers
+    // `AppendEntries` late while it does.
+    let limits = format!(
+        "claims_max = {CLAIMS_MAX}\ntenant_claims_max = {TENANT_CLAIMS_MAX}\n\
+         heartbeat_ms = 250\nelection_timeout_ms_min = 1500\nelection_timeout_ms_max = 3000"
+    );
     let mut fleet = Fleet::start_plain(3, &limits).await;
     let leader = fleet.wait_for_leader(&[1, 2, 3]).await;
     let follower = (1..=3).find(|id| *id != leader).expect("a follower");
@@ -217,7 +223,7 @@ async fn a_flood_of_unique_keys_stops_at_claims_max_and_a_restart_replays_within
     assert!(
         one_tenant
             .iter()
-            .filter(|r| !matches!(r, Ok(_)))
+            .filter(|r| r.is_err())
             .all(|r| exhausted_naming(r, "tenant_claims_max")),
         "every refusal names tenant_claims_max: {:?}",
         one_tenant
