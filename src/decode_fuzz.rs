@@ -84,6 +84,7 @@ fn entry() -> Entry {
         log_id: log_id(7),
         payload: EntryPayload::Normal(FleetRequest {
             now_us: 1_700_000_000_000_000,
+            limits: crate::state::StateLimits::UNLIMITED,
             commands: Arc::from(commands()),
         }),
     }

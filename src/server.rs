@@ -93,6 +93,11 @@ pub enum StartError {
     Reflection(String),
     #[error("{0}")]
     RateLimits(#[from] crate::envoy::limits::LimitsError),
+    #[error(
+        "rate_limits_file: a limit's unit is {unit_us} us, past config key `capacity_us_max` \
+         ({capacity_us_max} us)"
+    )]
+    RateLimitUnit { unit_us: u64, capacity_us_max: u64 },
 }
 
 /// The listening sockets of a node (bound before start, so tests can use port 0).
@@ -245,6 +250,13 @@ pub async fn start(config: NodeConfig, listeners: Listeners) -> Result<RunningNo
     let envoy_limits = Arc::new(match &config.rate_limits_file {
         Some(path) => {
             let limits = crate::envoy::limits::Limits::load(path)?;
+            let capacity_us_max = config.ceilings.capacity_us_max;
+            if limits.longest_unit_us() > capacity_us_max {
+                return Err(StartError::RateLimitUnit {
+                    unit_us: limits.longest_unit_us(),
+                    capacity_us_max,
+                });
+            }
             tracing::info!(path = %path.display(), domains = limits.domains(), "Envoy rate limits loaded");
             limits
         }
@@ -302,10 +314,8 @@ pub async fn start(config: NodeConfig, listeners: Listeners) -> Result<RunningNo
         forwards_in_flight_max: config.forwards_in_flight_max,
         linger: std::time::Duration::from_micros(config.batch_linger_us),
     };
-    let proposer = Proposer::start(
-        Arc::new(Router::new(config.node_id, raft.clone(), peers)),
-        limits,
-    );
+    let router = Router::new(config.node_id, raft.clone(), peers, config.state_limits);
+    let proposer = Proposer::start(Arc::new(router), limits, config.ceilings);
     let node = Arc::new(Node::new(NodeParts {
         id: config.node_id,
         raft: raft.clone(),
@@ -457,6 +467,7 @@ fn request_defaults(config: &NodeConfig) -> RequestDefaults {
     RequestDefaults {
         timeout: config.timeout_default,
         claim_ttl_ms: config.claim_ttl_ms_default,
+        ceilings: config.ceilings,
     }
 }
 

@@ -18,7 +18,7 @@ pub mod wire;
 
 use crate::node::{Decided, DecidedBy, Node, NodeError};
 use crate::pb;
-use crate::state::{HitAnswer, SettleAnswer};
+use crate::state::{HitAnswer, Refusal, SettleAnswer};
 use drain::DrainGate;
 use validate::{InvalidArgument, RequestDefaults};
 
@@ -32,6 +32,12 @@ pub fn status_of(error: NodeError) -> Status {
         | NodeError::NotLeader { .. } => Status::unavailable(error.to_string()),
         NodeError::Membership { .. } => Status::failed_precondition(error.to_string()),
         NodeError::Local(_) | NodeError::Fatal { .. } => Status::internal(error.to_string()),
+        NodeError::Refused {
+            refusal: Refusal::Exhausted { .. },
+        } => Status::resource_exhausted(error.to_string()),
+        NodeError::Refused {
+            refusal: Refusal::Invalid { .. },
+        } => Status::invalid_argument(error.to_string()),
     }
 }
 

@@ -9,6 +9,7 @@ use crate::contract::{
 };
 use crate::node::request::{CheckRateInput, HitInput, ResetInput, Scope, SettleInput};
 use crate::pb;
+use crate::state::check::{self, Ceilings, InvalidField};
 use crate::state::{
     BucketKey, Charge, ClaimKey, ClaimRequest, EntityId, HookId, Kind, SettleOutcome, SourceId,
     TenantId,
@@ -29,11 +30,22 @@ fn invalid(field: impl Into<String>, reason: impl Into<String>) -> InvalidArgume
     }
 }
 
-/// Defaults a request may fall back on.
+/// Defaults a request may fall back on, and the node's ceilings it is held to.
 #[derive(Clone, Copy, Debug)]
 pub struct RequestDefaults {
     pub timeout: Duration,
     pub claim_ttl_ms: u64,
+    /// `ttl_ms_max` and `capacity_us_max` (never above the contract's).
+    pub ceilings: Ceilings,
+}
+
+impl From<InvalidField> for InvalidArgument {
+    fn from(invalid: InvalidField) -> Self {
+        InvalidArgument {
+            field: invalid.field,
+            reason: invalid.reason,
+        }
+    }
 }
 
 fn text(field: &str, value: &str, bytes_max: usize) -> Result<String, InvalidArgument> {
@@ -72,17 +84,18 @@ fn scope(field: &str, value: i32) -> Result<Scope, InvalidArgument> {
     }
 }
 
-fn ttl_ms(field: &str, value: u64) -> Result<u64, InvalidArgument> {
+fn ttl_ms(field: &str, value: u64, ceilings: &Ceilings) -> Result<u64, InvalidArgument> {
     if value == 0 || value > TTL_MS_MAX {
         return Err(invalid(
             field,
             format!("must be between 1 ms and {TTL_MS_MAX} ms (30 days)"),
         ));
     }
+    check::ttl_ms(field, value, ceilings)?;
     Ok(value)
 }
 
-fn charge(i: usize, charge: &pb::Charge) -> Result<Charge, InvalidArgument> {
+fn charge(i: usize, charge: &pb::Charge, ceilings: &Ceilings) -> Result<Charge, InvalidArgument> {
     let field = |name: &str| format!("charges[{i}].{name}");
     let kind = match pb::Kind::try_from(charge.kind) {
         Ok(pb::Kind::Hooks) => Kind::Hooks,
@@ -102,6 +115,7 @@ fn charge(i: usize, charge: &pb::Charge) -> Result<Charge, InvalidArgument> {
             "must be at least increment_us and at most one year",
         ));
     }
+    check::charge_terms(field, charge.increment_us, charge.capacity_us, ceilings)?;
     Ok(Charge {
         bucket: BucketKey::Tenant { kind, tenant },
         increment_us: charge.increment_us,
@@ -109,7 +123,7 @@ fn charge(i: usize, charge: &pb::Charge) -> Result<Charge, InvalidArgument> {
     })
 }
 
-fn claim(claim: &pb::Claim) -> Result<ClaimRequest, InvalidArgument> {
+fn claim(claim: &pb::Claim, ceilings: &Ceilings) -> Result<ClaimRequest, InvalidArgument> {
     Ok(ClaimRequest {
         key: ClaimKey {
             tenant: TenantId::from(text("claim.tenant", &claim.tenant, ID_BYTES_MAX)?),
@@ -117,8 +131,8 @@ fn claim(claim: &pb::Claim) -> Result<ClaimRequest, InvalidArgument> {
             key: text("claim.key", &claim.key, KEY_BYTES_MAX)?.into(),
         },
         hook_id: HookId::from(text("claim.hook_id", &claim.hook_id, ID_BYTES_MAX)?),
-        ttl_ms: ttl_ms("claim.ttl_ms", claim.ttl_ms)?,
-        pending_ttl_ms: ttl_ms("claim.pending_ttl_ms", claim.pending_ttl_ms)?,
+        ttl_ms: ttl_ms("claim.ttl_ms", claim.ttl_ms, ceilings)?,
+        pending_ttl_ms: ttl_ms("claim.pending_ttl_ms", claim.pending_ttl_ms, ceilings)?,
     })
 }
 
@@ -139,7 +153,7 @@ pub fn hit(
     let mut charges = Vec::with_capacity(request.charges.len());
     let mut seen = HashSet::new();
     for (i, pb_charge) in request.charges.iter().enumerate() {
-        let charge = charge(i, pb_charge)?;
+        let charge = charge(i, pb_charge, &defaults.ceilings)?;
         if !seen.insert(charge.bucket.clone()) {
             return Err(invalid(
                 format!("charges[{i}]"),
@@ -150,7 +164,11 @@ pub fn hit(
     }
     Ok(HitInput {
         charges,
-        claim: request.claim.as_ref().map(claim).transpose()?,
+        claim: request
+            .claim
+            .as_ref()
+            .map(|c| claim(c, &defaults.ceilings))
+            .transpose()?,
         timeout: timeout("timeout_ms", request.timeout_ms, defaults)?,
         rate_limit_scope: scope("rate_limit_scope", request.rate_limit_scope)?,
         dedupe_scope: scope("dedupe_scope", request.dedupe_scope)?,
@@ -183,7 +201,7 @@ pub fn settle(
     };
     let ttl_ms = match request.ttl_ms {
         0 => defaults.claim_ttl_ms,
-        ms => ttl_ms("ttl_ms", ms)?,
+        ms => ttl_ms("ttl_ms", ms, &defaults.ceilings)?,
     };
     Ok(SettleInput {
         key,
@@ -227,6 +245,16 @@ pub fn check_rate(
         ));
     }
     let capacity_us = request.window_ms * 1_000;
+    let capacity_us_max = defaults.ceilings.capacity_us_max;
+    if capacity_us > capacity_us_max {
+        return Err(invalid(
+            "window_ms",
+            format!(
+                "must be at most {} (capacity_us_max = {capacity_us_max} us)",
+                capacity_us_max / 1_000
+            ),
+        ));
+    }
     if request.limit == 0 {
         return Err(invalid("limit", "must be at least 1"));
     }
@@ -285,6 +313,7 @@ mod tests {
         let defaults = RequestDefaults {
             timeout: std::time::Duration::from_secs(1),
             claim_ttl_ms: 1_000,
+            ceilings: Ceilings::CONTRACT,
         };
         hit(&largest, defaults).expect("the largest request is valid");
         let bytes = largest.encoded_len();
@@ -292,5 +321,53 @@ mod tests {
         // only let an invalid one cost more to read before it is refused.
         assert!(bytes <= API_MESSAGE_BYTES_MAX, "{bytes} bytes");
         assert!(bytes * 4 > API_MESSAGE_BYTES_MAX, "{bytes} bytes");
+    }
+
+    /// Above the node's ceilings a request is invalid, and the message names the field and
+    /// the config key.
+    #[test]
+    fn the_node_ceilings_are_input_rules_naming_field_and_key() {
+        let defaults = RequestDefaults {
+            timeout: std::time::Duration::from_secs(1),
+            claim_ttl_ms: 1_000,
+            ceilings: Ceilings {
+                ttl_ms_max: 60_000,
+                capacity_us_max: 10_000_000,
+            },
+        };
+        let request = |capacity_us, ttl_ms| pb::HitRequest {
+            charges: vec![pb::Charge {
+                kind: pb::Kind::Hooks as i32,
+                tenant: "t".into(),
+                increment_us: 1_000,
+                capacity_us,
+            }],
+            claim: Some(pb::Claim {
+                tenant: "t".into(),
+                source_id: "s".into(),
+                key: "k".into(),
+                hook_id: "h".into(),
+                ttl_ms,
+                pending_ttl_ms: 1_000,
+            }),
+            ..Default::default()
+        };
+        hit(&request(10_000_000, 60_000), defaults).expect("at the ceilings");
+        let capacity = hit(&request(10_000_001, 60_000), defaults).expect_err("capacity");
+        assert_eq!(capacity.field, "charges[0].capacity_us");
+        assert!(capacity.reason.contains("capacity_us_max"), "{capacity}");
+        let ttl = hit(&request(10_000_000, 60_001), defaults).expect_err("ttl");
+        assert_eq!(ttl.field, "claim.ttl_ms");
+        assert!(ttl.reason.contains("ttl_ms_max"), "{ttl}");
+        let window = pb::CheckRateRequest {
+            entity_id: "e".into(),
+            operation: "o".into(),
+            limit: 1,
+            window_ms: 10_001,
+            ..Default::default()
+        };
+        let window = check_rate(&window, defaults).expect_err("window");
+        assert_eq!(window.field, "window_ms");
+        assert!(window.reason.contains("capacity_us_max"), "{window}");
     }
 }

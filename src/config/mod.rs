@@ -11,7 +11,8 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use crate::state::NodeId;
+use crate::state::check::Ceilings;
+use crate::state::{NodeId, StateLimits};
 
 /// One initial voter as listed in the file.
 #[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
@@ -84,6 +85,18 @@ pub struct ConfigFile {
     pub insecure_edge_api: bool,
     /// How long SIGTERM waits for calls in flight before the node stops anyway.
     pub drain_timeout_ms: Option<u64>,
+    /// Live claims the fleet holds at most (stamped by the leader into every entry).
+    pub claims_max: Option<u64>,
+    /// Live buckets the fleet holds at most.
+    pub buckets_max: Option<u64>,
+    /// Live claims of one tenant at most.
+    pub tenant_claims_max: Option<u64>,
+    /// Live buckets of one owner (tenant, check_rate entity, Envoy domain) at most.
+    pub tenant_buckets_max: Option<u64>,
+    /// Longest claim `ttl_ms` / `pending_ttl_ms` a call may ask for (at most 30 days).
+    pub ttl_ms_max: Option<u64>,
+    /// Longest `capacity_us` (and check_rate window) a call may ask for (at most a year).
+    pub capacity_us_max: Option<u64>,
 }
 
 /// `[peer_tls]`: both ends of every Raft connection present a certificate signed by
@@ -174,6 +187,21 @@ impl Defaults {
     /// Longer than the longest call deadline the API accepts, so a drain answers every
     /// call in flight (systemd's `TimeoutStopSec` must exceed it: docs/operations.md).
     pub const DRAIN_TIMEOUT_MS: u64 = 65_000;
+    /// Sized for a 4 GiB node (docs/operations.md, "Sizing the state limits"): a live claim
+    /// costs about 430 bytes of memory, so about 1.3 GiB of claims, with room for buckets,
+    /// a snapshot's encoded copy and the log's tail.
+    pub const CLAIMS_MAX: u64 = 3_000_000;
+    /// A live bucket costs about 290 bytes: about 0.55 GiB of buckets.
+    pub const BUCKETS_MAX: u64 = 2_000_000;
+    /// A quarter of `CLAIMS_MAX`: one tenant's flood leaves room for the others.
+    pub const TENANT_CLAIMS_MAX: u64 = 750_000;
+    /// A quarter of `BUCKETS_MAX` (an Envoy domain's descriptors, an entity's operations).
+    pub const TENANT_BUCKETS_MAX: u64 = 500_000;
+    /// Seven days: past any provider's retries, and a flood of claims holds its room for a
+    /// week at most, not 30 days.
+    pub const TTL_MS_MAX: u64 = 7 * 86_400_000;
+    /// One day, the longest Envoy unit: a flood of buckets holds its room for a day at most.
+    pub const CAPACITY_US_MAX: u64 = 86_400_000_000;
 }
 
 /// The most commands one log entry may carry: at most `limits::COMMAND_BYTES_MAX` each, an
@@ -273,6 +301,11 @@ pub struct NodeConfig {
     pub insecure_edge_api: bool,
     /// How long a drain (SIGTERM, SIGINT) waits for calls in flight.
     pub drain_timeout: Duration,
+    /// How many claims and buckets the fleet admits (stamped into entries this node
+    /// proposes while it leads).
+    pub state_limits: StateLimits,
+    /// The node's ceilings under the contract's ttl and capacity maxima.
+    pub ceilings: Ceilings,
 }
 
 impl NodeConfig {
@@ -368,6 +401,14 @@ impl NodeConfig {
             return Err(invalid(
                 "claim_ttl_ms_default",
                 "must be between 1 ms and 30 days",
+            ));
+        }
+        let ceilings = ceilings(&file)?;
+        let state_limits = state_limits(&file)?;
+        if claim_ttl_ms_default > ceilings.ttl_ms_max {
+            return Err(invalid(
+                "claim_ttl_ms_default",
+                format!("must be at most ttl_ms_max ({} ms)", ceilings.ttl_ms_max),
             ));
         }
         let voters_max = file.voters_max.unwrap_or(Defaults::VOTERS_MAX);
@@ -467,6 +508,8 @@ impl NodeConfig {
                 .transpose()?,
             log_format: file.log_format.unwrap_or_default(),
             rate_limits_file: file.rate_limits_file,
+            state_limits,
+            ceilings,
         })
     }
 
@@ -483,6 +526,69 @@ fn positive(field: &str, value: Option<usize>, default: usize) -> Result<usize, 
         Some(v) => Ok(v),
         None => Ok(default),
     }
+}
+
+fn count_max(field: &str, value: Option<u64>, default: u64) -> Result<u64, ConfigError> {
+    match value {
+        Some(0) => Err(invalid(field, "must be at least 1")),
+        Some(v) => Ok(v),
+        None => Ok(default),
+    }
+}
+
+fn state_limits(file: &ConfigFile) -> Result<StateLimits, ConfigError> {
+    let limits = StateLimits {
+        claims_max: count_max("claims_max", file.claims_max, Defaults::CLAIMS_MAX)?,
+        buckets_max: count_max("buckets_max", file.buckets_max, Defaults::BUCKETS_MAX)?,
+        tenant_claims_max: count_max(
+            "tenant_claims_max",
+            file.tenant_claims_max,
+            Defaults::TENANT_CLAIMS_MAX.min(file.claims_max.unwrap_or(Defaults::CLAIMS_MAX)),
+        )?,
+        tenant_buckets_max: count_max(
+            "tenant_buckets_max",
+            file.tenant_buckets_max,
+            Defaults::TENANT_BUCKETS_MAX.min(file.buckets_max.unwrap_or(Defaults::BUCKETS_MAX)),
+        )?,
+    };
+    if limits.tenant_claims_max > limits.claims_max {
+        return Err(invalid("tenant_claims_max", "must be at most claims_max"));
+    }
+    if limits.tenant_buckets_max > limits.buckets_max {
+        return Err(invalid("tenant_buckets_max", "must be at most buckets_max"));
+    }
+    Ok(limits)
+}
+
+/// The shortest `capacity_us_max`: a second, so the rate of any bucket can still be set.
+const CAPACITY_US_MAX_MIN: u64 = 1_000_000;
+
+fn ceilings(file: &ConfigFile) -> Result<Ceilings, ConfigError> {
+    let ttl_ms_max = file.ttl_ms_max.unwrap_or(Defaults::TTL_MS_MAX);
+    if ttl_ms_max == 0 || ttl_ms_max > crate::contract::TTL_MS_MAX {
+        return Err(invalid(
+            "ttl_ms_max",
+            format!(
+                "must be between 1 and {} (30 days, the contract's)",
+                crate::contract::TTL_MS_MAX
+            ),
+        ));
+    }
+    let capacity_us_max = file.capacity_us_max.unwrap_or(Defaults::CAPACITY_US_MAX);
+    if !(CAPACITY_US_MAX_MIN..=crate::contract::YEAR_US).contains(&capacity_us_max) {
+        return Err(invalid(
+            "capacity_us_max",
+            format!(
+                "must be between {CAPACITY_US_MAX_MIN} (one second) and {} (one year, the \
+                 contract's)",
+                crate::contract::YEAR_US
+            ),
+        ));
+    }
+    Ok(Ceilings {
+        ttl_ms_max,
+        capacity_us_max,
+    })
 }
 
 /// The longest drain: ten minutes, past which an orchestrator has long given up.
@@ -589,6 +695,71 @@ raft_addr = "127.0.0.1:7201"
         assert_eq!(config.voters_max, Defaults::VOTERS_MAX);
         assert_eq!(config.timeout_default, Duration::from_millis(1_000));
         assert!(config.is_initial_member());
+    }
+
+    fn with_key(line: &str) -> String {
+        MINIMAL.replace(
+            "data_dir = \"data/node1\"\n",
+            &format!("data_dir = \"data/node1\"\n{line}\n"),
+        )
+    }
+
+    fn refused_key(line: &str) -> String {
+        match NodeConfig::from_toml(&with_key(line)).expect_err(line) {
+            ConfigError::Invalid { field, .. } => field,
+            other => panic!("{line}: not a key error: {other}"),
+        }
+    }
+
+    #[test]
+    fn the_state_limits_have_defaults_and_are_set_by_their_keys() {
+        let config = NodeConfig::from_toml(MINIMAL).expect("valid");
+        assert_eq!(config.state_limits.claims_max, Defaults::CLAIMS_MAX);
+        assert_eq!(config.state_limits.buckets_max, Defaults::BUCKETS_MAX);
+        assert_eq!(config.ceilings.ttl_ms_max, Defaults::TTL_MS_MAX);
+        assert_eq!(config.ceilings.capacity_us_max, Defaults::CAPACITY_US_MAX);
+        let small = NodeConfig::from_toml(&with_key("claims_max = 2000\nbuckets_max = 300"))
+            .expect("valid");
+        assert_eq!(small.state_limits.claims_max, 2_000);
+        assert_eq!(
+            small.state_limits.tenant_claims_max, 2_000,
+            "the tenant default never exceeds the fleet's"
+        );
+        assert_eq!(small.state_limits.tenant_buckets_max, 300);
+    }
+
+    #[test]
+    fn every_state_limit_key_is_validated_by_name() {
+        for key in [
+            "claims_max",
+            "buckets_max",
+            "tenant_claims_max",
+            "tenant_buckets_max",
+            "ttl_ms_max",
+        ] {
+            assert_eq!(refused_key(&format!("{key} = 0")), key);
+        }
+        assert_eq!(
+            refused_key("claims_max = 10\ntenant_claims_max = 11"),
+            "tenant_claims_max"
+        );
+        assert_eq!(
+            refused_key("buckets_max = 10\ntenant_buckets_max = 11"),
+            "tenant_buckets_max"
+        );
+        assert_eq!(refused_key("ttl_ms_max = 2592000001"), "ttl_ms_max");
+        assert_eq!(refused_key("capacity_us_max = 999999"), "capacity_us_max");
+        assert_eq!(
+            refused_key("capacity_us_max = 31536000000001"),
+            "capacity_us_max"
+        );
+        assert_eq!(
+            refused_key("ttl_ms_max = 1000\nclaim_ttl_ms_default = 1001"),
+            "claim_ttl_ms_default"
+        );
+        let at_contract = "ttl_ms_max = 2592000000\ncapacity_us_max = 31536000000000";
+        let config = NodeConfig::from_toml(&with_key(at_contract)).expect("the contract's maxima");
+        assert_eq!(config.ceilings, Ceilings::CONTRACT);
     }
 
     /// `log_format` is text unless it says json; anything else is refused by name.

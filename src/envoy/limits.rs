@@ -126,7 +126,31 @@ struct RateLimitFile {
     name: Option<String>,
 }
 
+impl Level {
+    fn longest_unit_us(&self) -> u64 {
+        let rules = self.by_value.values().chain(self.by_key.values());
+        rules
+            .map(|rule| {
+                let own = match &rule.limit {
+                    Some(Limit::Rate { unit, .. }) => unit.us(),
+                    _ => 0,
+                };
+                own.max(rule.children.longest_unit_us())
+            })
+            .max()
+            .unwrap_or(0)
+    }
+}
+
 impl Limits {
+    /// The longest unit of any rate limit in the file, in microseconds (0: none): each
+    /// becomes a bucket of that capacity, which must be within the node's
+    /// `capacity_us_max`.
+    pub fn longest_unit_us(&self) -> u64 {
+        let levels = self.domains.values();
+        levels.map(Level::longest_unit_us).max().unwrap_or(0)
+    }
+
     /// Reads and checks a limits file.
     ///
     /// # Errors
@@ -356,6 +380,15 @@ descriptors:
             limits.limit("other", &[("k", "v")]),
             Some(&rate(Unit::Day, 1, "", false))
         );
+    }
+
+    /// What the node checks against `capacity_us_max` at start: the longest unit, nested
+    /// rules included.
+    #[test]
+    fn the_longest_unit_is_found_at_any_depth() {
+        let limits = Limits::from_yaml(FILE).expect("valid");
+        assert_eq!(limits.longest_unit_us(), Unit::Day.us());
+        assert_eq!(Limits::default().longest_unit_us(), 0);
     }
 
     #[test]

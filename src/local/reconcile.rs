@@ -56,6 +56,11 @@ pub trait Fleet: Send + Sync + 'static {
         command: Command,
         deadline: Instant,
     ) -> impl Future<Output = Result<HitAnswer, Self::Error>> + Send;
+    /// True when `error` is the fleet refusing the command (a state limit, an invalid
+    /// field): proposing it again would be refused again.
+    fn is_refusal(_error: &Self::Error) -> bool {
+        false
+    }
 }
 
 /// How often the reconciler looks for local decisions to hand over.
@@ -128,7 +133,15 @@ async fn claims<N: Fleet>(node: &N) -> Result<(), N::Error> {
         });
         let answers = futures::future::join_all(proposals).await;
         for ((key, record), answer) in chunk.iter().zip(answers) {
-            let answer = answer?;
+            let answer = match answer {
+                Err(e) if N::is_refusal(&e) => {
+                    conflict("claim");
+                    tracing::warn!(?key, local_hook_id = %record.hook_id, error = %e, "reconcile: the fleet refused this claim; forgot the local one");
+                    node.fallback().engine.forget(key, record)?;
+                    continue;
+                }
+                other => other?,
+            };
             if answer != HitAnswer::Allowed {
                 conflict("claim");
                 tracing::warn!(?key, local_hook_id = %record.hook_id, fleet = ?answer, "reconcile: the fleet holds this key for another hook; kept the fleet's");
@@ -188,9 +201,16 @@ async fn settles<N: Fleet>(node: &N) -> Result<(), N::Error> {
             .map(|(_, queued)| node.propose(settle_command(queued, node.node_id()), deadline));
         let answers = futures::future::join_all(proposals).await;
         for ((seq, queued), answer) in chunk.iter().zip(answers) {
-            if let Answer::Settle(SettleAnswer::Conflict { holder }) = &answer? {
-                conflict("settle");
-                tracing::warn!(key = ?queued.key, hook_id = %queued.hook_id, holder = %holder, "reconcile: queued settle conflicts; kept the fleet's holder");
+            match &answer? {
+                Answer::Settle(SettleAnswer::Conflict { holder }) => {
+                    conflict("settle");
+                    tracing::warn!(key = ?queued.key, hook_id = %queued.hook_id, holder = %holder, "reconcile: queued settle conflicts; kept the fleet's holder");
+                }
+                Answer::Refused(refusal) => {
+                    conflict("settle");
+                    tracing::warn!(key = ?queued.key, hook_id = %queued.hook_id, %refusal, "reconcile: the fleet refused a queued settle; dropped it");
+                }
+                _ => {}
             }
             node.fallback().queue.remove(*seq)?;
             node.fallback().engine.forget_any(&queued.key)?;

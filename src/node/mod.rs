@@ -21,7 +21,9 @@ use crate::local::{Fallback, LocalEngine, LocalError, ReplicaView};
 use crate::raft::log_store::DurableLog;
 use crate::raft::state_machine::{self, StateMachineStore};
 use crate::raft::{MemberNode, NodeId, ProposeRefusal, Raft};
-use crate::state::{Answer, Charge, ClaimRequest, ClaimState, Command, HitAnswer, SettleAnswer};
+use crate::state::{
+    Answer, Charge, ClaimRequest, ClaimState, Command, HitAnswer, Refusal, SettleAnswer,
+};
 use propose::Proposer;
 use request::{CheckRateInput, HitInput, ResetInput, Scope, SettleInput};
 use route::Route;
@@ -75,6 +77,10 @@ pub enum NodeError {
     Local(#[from] LocalError),
     #[error("fatal: {reason}")]
     Fatal { reason: String },
+    /// The fleet refused the command (a state limit, or the leader's re-check of its
+    /// fields): nothing was written, and it is never decided locally instead.
+    #[error("{refusal}")]
+    Refused { refusal: Refusal },
 }
 
 impl NodeError {
@@ -193,6 +199,7 @@ impl Node {
     ) -> Result<HitAnswer, NodeError> {
         match self.propose(command, deadline).await? {
             Answer::Hit(answer) => Ok(answer),
+            Answer::Refused(refusal) => Err(NodeError::Refused { refusal }),
             other => Err(mismatched(&other)),
         }
     }
@@ -672,11 +679,16 @@ impl crate::local::reconcile::Fleet for Node {
     ) -> Result<HitAnswer, NodeError> {
         Node::propose_hit(self, command, deadline).await
     }
+
+    fn is_refusal(error: &NodeError) -> bool {
+        matches!(error, NodeError::Refused { .. })
+    }
 }
 
 fn settle_answer(answer: Answer) -> Result<SettleAnswer, NodeError> {
     match answer {
         Answer::Settle(answer) => Ok(answer),
+        Answer::Refused(refusal) => Err(NodeError::Refused { refusal }),
         other => Err(mismatched(&other)),
     }
 }

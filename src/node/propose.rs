@@ -28,7 +28,8 @@ use tokio::time::Instant;
 use crate::clock::wall_clock_us;
 use crate::raft::network::PeerClients;
 use crate::raft::{NodeId, ProposeRefusal, ProposeRequest, ProposeResponse, Raft};
-use crate::state::{Answer, Command, FleetRequest};
+use crate::state::check::{self, Ceilings};
+use crate::state::{Answer, Command, FleetRequest, Refusal, StateLimits};
 
 /// The retry hint given with an overloaded answer.
 const OVERLOADED_RETRY_AFTER_MS: u64 = 10;
@@ -87,14 +88,63 @@ fn linger_target(previous: usize, queued: usize, leading: bool, limits: &BatchLi
 #[derive(Clone)]
 pub struct Proposer {
     queue: mpsc::Sender<Queued>,
+    /// What a forwarded command is re-checked against (`ttl_ms_max`, `capacity_us_max`).
+    ceilings: Ceilings,
 }
 
 impl Proposer {
     /// Starts the batcher task for `router` and returns the queue's handle.
-    pub fn start(router: Arc<Router>, limits: BatchLimits) -> Self {
+    pub fn start(router: Arc<Router>, limits: BatchLimits, ceilings: Ceilings) -> Self {
         let (queue, receiver) = mpsc::channel(limits.queue_depth_max);
         tokio::spawn(run_batcher(receiver, router, limits));
-        Self { queue }
+        Self { queue, ceilings }
+    }
+
+    /// A follower's forwarded batch (`Propose`), each command re-checked first: contract
+    /// §9 and this node's ceilings, as `api::validate` checks an edge call. A command that
+    /// fails is answered [`Refusal::Invalid`] at its position, naming its index and field,
+    /// and never proposed; the others of the batch go on. (A forwarded command is proposed
+    /// by whichever node leads when it reaches the queue, and every entry is stamped with
+    /// that node's state limits, so the limits need no check here.)
+    pub async fn propose_forwarded(&self, request: ProposeRequest) -> ProposeResponse {
+        let mut refused: Vec<Option<Answer>> = Vec::with_capacity(request.commands.len());
+        let mut valid = Vec::with_capacity(request.commands.len());
+        for (i, command) in request.commands.into_iter().enumerate() {
+            match check::command(&command, &self.ceilings) {
+                Ok(()) => {
+                    valid.push(command);
+                    refused.push(None);
+                }
+                Err(invalid) => {
+                    metrics::counter!("ankusa_forwarded_commands_refused_total").increment(1);
+                    tracing::warn!(index = i, field = %invalid.field, reason = %invalid.reason, "refused a forwarded command");
+                    refused.push(Some(Answer::Refused(Refusal::Invalid {
+                        field: format!("commands[{i}].{}", invalid.field),
+                        reason: invalid.reason,
+                    })));
+                }
+            }
+        }
+        let committed = if valid.is_empty() {
+            Vec::new()
+        } else {
+            let checked = ProposeRequest {
+                commands: valid,
+                timeout_ms: request.timeout_ms,
+            };
+            self.propose_all(checked).await?
+        };
+        let mut committed = committed.into_iter();
+        refused
+            .into_iter()
+            .map(|answer| {
+                answer
+                    .or_else(|| committed.next())
+                    .ok_or_else(|| ProposeRefusal::Fatal {
+                        reason: "the fleet returned fewer answers than commands".to_owned(),
+                    })
+            })
+            .collect()
     }
 
     /// Commits one command through the fleet and returns its answer.
@@ -304,16 +354,19 @@ pub struct Router {
     peers: PeerClients,
     /// The last time stamped on a proposal by this node, so stamps never go back here.
     last_stamp_us: AtomicU64,
+    /// Stamped into every entry this node proposes while it leads.
+    limits: StateLimits,
 }
 
 impl Router {
-    /// A router for node `node_id`.
-    pub fn new(node_id: NodeId, raft: Raft, peers: PeerClients) -> Self {
+    /// A router for node `node_id`, stamping `limits` into the entries it proposes.
+    pub fn new(node_id: NodeId, raft: Raft, peers: PeerClients, limits: StateLimits) -> Self {
         Self {
             node_id,
             raft,
             peers,
             last_stamp_us: AtomicU64::new(0),
+            limits,
         }
     }
 
@@ -374,6 +427,7 @@ impl Router {
     async fn write_here(&self, commands: Arc<[Command]>, deadline: Instant) -> ProposeResponse {
         let request = FleetRequest {
             now_us: self.stamp_now_us(),
+            limits: self.limits,
             commands,
         };
         match tokio::time::timeout_at(deadline, self.raft.client_write(request)).await {
@@ -474,7 +528,7 @@ impl crate::raft::service::ProposalSink for Proposer {
     ) -> std::pin::Pin<Box<dyn std::future::Future<Output = ProposeResponse> + Send + 'static>>
     {
         let proposer = self.clone();
-        Box::pin(async move { proposer.propose_all(request).await })
+        Box::pin(async move { proposer.propose_forwarded(request).await })
     }
 }
 

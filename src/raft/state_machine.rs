@@ -138,7 +138,12 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
                         request.now_us
                     };
                     FleetResponse {
-                        answers: rules::apply_batch(&mut applied.state, &request.commands, now_us),
+                        answers: rules::apply_batch_within(
+                            &mut applied.state,
+                            &request.commands,
+                            now_us,
+                            &request.limits,
+                        ),
                     }
                 }
                 EntryPayload::Membership(membership) => {
@@ -148,6 +153,10 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
             };
             responses.push(response);
         }
+        let (buckets, claims) = applied.state.len();
+        metrics::gauge!("ankusa_state_claims").set(claims as f64);
+        metrics::gauge!("ankusa_state_buckets").set(buckets as f64);
+        metrics::gauge!("ankusa_state_bytes_estimate").set(applied.state.bytes_estimate() as f64);
         Ok(responses)
     }
 

@@ -5,14 +5,21 @@
 //!
 //! No IO and no clock: time comes from the caller (the log entry's stamp).
 
-use std::collections::{BTreeMap, BinaryHeap};
+use std::collections::{BTreeMap, BinaryHeap, HashMap};
 use std::hash::Hash;
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use super::model::{BucketKey, ClaimKey, ClaimRecord, NodeId};
+use super::model::{BucketKey, ClaimKey, ClaimRecord, EntityId, NodeId, TenantId};
 use super::shards::Sharded;
+
+/// What one stored claim costs in memory, about: its key and record, its map slot, its
+/// expiry entry and its share of the tenant counts, measured with typical ids
+/// (`examples/state_bytes.rs`, docs/operations.md).
+pub const CLAIM_BYTES_ESTIMATE: u64 = 430;
+/// What one stored bucket costs in memory, about, measured the same way.
+pub const BUCKET_BYTES_ESTIMATE: u64 = 290;
 
 /// Most expiry entries popped before they are swept (see [`FleetState::advance_clock`]):
 /// a log entry's claims share a deadline, ~60 of them under load.
@@ -50,6 +57,77 @@ pub struct FleetState {
     /// The last absorb round applied per node (`Command::AbsorbRound`): one number per
     /// node that ever reconciled charges.
     absorbed: BTreeMap<NodeId, u64>,
+    /// Stored claims per tenant and buckets per owner, for the tenant limits
+    /// (`StateLimits`). Derived from the maps (never in a snapshot, rebuilt with them);
+    /// an owner with nothing stored has no entry.
+    owned: OwnedCounts,
+}
+
+/// How many items each tenant (claims) and each bucket owner (buckets) has stored.
+#[derive(Clone, Debug, Default)]
+struct OwnedCounts {
+    claims_by_tenant: HashMap<TenantId, u64>,
+    buckets_by_tenant: HashMap<TenantId, u64>,
+    buckets_by_entity: HashMap<EntityId, u64>,
+    buckets_by_domain: HashMap<Box<str>, u64>,
+}
+
+/// One more (`up`) or one fewer item for `owner`; an owner at zero is forgotten.
+fn count<K: Hash + Eq + Clone + std::borrow::Borrow<Q>, Q: Hash + Eq + ?Sized>(
+    map: &mut HashMap<K, u64>,
+    owner: &Q,
+    make: impl FnOnce() -> K,
+    up: bool,
+) {
+    if up {
+        match map.get_mut(owner) {
+            Some(n) => *n += 1,
+            None => {
+                map.insert(make(), 1);
+            }
+        }
+    } else if let Some(n) = map.get_mut(owner) {
+        *n -= 1;
+        if *n == 0 {
+            map.remove(owner);
+        }
+    }
+}
+
+impl OwnedCounts {
+    fn claim(&mut self, key: &ClaimKey, up: bool) {
+        let tenant = &key.tenant;
+        count(&mut self.claims_by_tenant, tenant, || tenant.clone(), up);
+    }
+
+    fn bucket(&mut self, bucket: &BucketKey, up: bool) {
+        match bucket {
+            BucketKey::Tenant { tenant, .. } => {
+                count(&mut self.buckets_by_tenant, tenant, || tenant.clone(), up)
+            }
+            BucketKey::Entity { entity_id, .. } => count(
+                &mut self.buckets_by_entity,
+                entity_id,
+                || entity_id.clone(),
+                up,
+            ),
+            BucketKey::Envoy { domain, .. } => count(
+                &mut self.buckets_by_domain,
+                &**domain,
+                || domain.clone(),
+                up,
+            ),
+        }
+    }
+
+    fn buckets_of(&self, bucket: &BucketKey) -> u64 {
+        let found = match bucket {
+            BucketKey::Tenant { tenant, .. } => self.buckets_by_tenant.get(tenant),
+            BucketKey::Entity { entity_id, .. } => self.buckets_by_entity.get(entity_id),
+            BucketKey::Envoy { domain, .. } => self.buckets_by_domain.get(&**domain),
+        };
+        found.copied().unwrap_or(0)
+    }
 }
 
 /// The serialisable content of a [`FleetState`]: live items only (what a snapshot holds).
@@ -191,6 +269,33 @@ impl FleetState {
         (self.buckets.len(), self.claims.len())
     }
 
+    /// The memory the stored items take, estimated from their counts
+    /// ([`CLAIM_BYTES_ESTIMATE`], [`BUCKET_BYTES_ESTIMATE`]): long ids cost more.
+    pub fn bytes_estimate(&self) -> u64 {
+        let (buckets, claims) = self.len();
+        claims as u64 * CLAIM_BYTES_ESTIMATE + buckets as u64 * BUCKET_BYTES_ESTIMATE
+    }
+
+    /// Claims stored for `tenant` (after [`FleetState::advance_clock`], the live ones).
+    pub fn tenant_claims(&self, tenant: &TenantId) -> u64 {
+        let claims = &self.owned.claims_by_tenant;
+        claims.get(tenant).copied().unwrap_or(0)
+    }
+
+    /// Buckets stored for the owner of `bucket`: its tenant, entity_id or Envoy domain.
+    pub fn owner_buckets(&self, bucket: &BucketKey) -> u64 {
+        self.owned.buckets_of(bucket)
+    }
+
+    /// Owners holding at least one item: tenants with claims, and bucket owners.
+    pub fn owners(&self) -> usize {
+        let owned = &self.owned;
+        owned.claims_by_tenant.len()
+            + owned.buckets_by_tenant.len()
+            + owned.buckets_by_entity.len()
+            + owned.buckets_by_domain.len()
+    }
+
     /// True when nothing is stored.
     pub fn is_empty(&self) -> bool {
         self.buckets.is_empty() && self.claims.is_empty()
@@ -235,49 +340,63 @@ impl FleetState {
             Expiring::Bucket(bucket) => {
                 let deadline_of = |tat_us: &u64| *tat_us;
                 let map = &mut self.buckets;
-                let due = (deadline_us, hash, bucket);
-                sweep_one(map, expiry, due, clock_us, deadline_of, Expiring::Bucket);
+                let due = (deadline_us, hash, Arc::clone(&bucket));
+                if sweep_one(map, expiry, due, clock_us, deadline_of, Expiring::Bucket) {
+                    self.owned.bucket(&bucket, false);
+                }
             }
             Expiring::Claim(key) => {
                 let deadline_of = |record: &ClaimRecord| record.expires_at_us;
                 let map = &mut self.claims;
-                let due = (deadline_us, hash, key);
-                sweep_one(map, expiry, due, clock_us, deadline_of, Expiring::Claim);
+                let due = (deadline_us, hash, Arc::clone(&key));
+                if sweep_one(map, expiry, due, clock_us, deadline_of, Expiring::Claim) {
+                    self.owned.claim(&key, false);
+                }
             }
         }
     }
 
     pub(super) fn set_bucket(&mut self, bucket: BucketKey, tat_us: u64) {
-        store(
-            &mut self.buckets,
+        let buckets = &mut self.buckets;
+        if let Some(added) = store(
+            buckets,
             &mut self.expiry,
             bucket,
             tat_us,
             tat_us,
             Expiring::Bucket,
-        );
+        ) {
+            self.owned.bucket(&added, true);
+        }
     }
 
     pub(super) fn set_claim(&mut self, key: ClaimKey, record: ClaimRecord) {
         let expires_at_us = record.expires_at_us;
-        store(
-            &mut self.claims,
+        let claims = &mut self.claims;
+        if let Some(added) = store(
+            claims,
             &mut self.expiry,
             key,
             record,
             expires_at_us,
             Expiring::Claim,
-        );
+        ) {
+            self.owned.claim(&added, true);
+        }
     }
 
     /// Removes a claim (the local fallback forgets what the fleet now holds).
     pub fn remove_claim(&mut self, key: &ClaimKey) {
-        self.claims.remove(key);
+        if self.claims.remove(key) {
+            self.owned.claim(key, false);
+        }
     }
 
     /// Drops a bucket (a reset): its next charge starts from an empty bucket.
     pub(super) fn remove_bucket(&mut self, bucket: &BucketKey) {
-        self.buckets.remove(bucket);
+        if self.buckets.remove(bucket) {
+            self.owned.bucket(bucket, false);
+        }
     }
 
     /// Sets a bucket's TAT directly (the local fallback seeds its buckets this way).
@@ -307,6 +426,8 @@ impl FleetState {
             claims: self.claims.freeze(),
             expiry: ExpiryQueue::default(),
             absorbed: self.absorbed.clone(),
+            // Only encoded, never applied to: it needs no counts.
+            owned: OwnedCounts::default(),
         }
     }
 
@@ -396,6 +517,7 @@ impl Ord for Due {
 
 /// Stores `value` under `key`; queues an expiry entry only for a new key or an earlier
 /// deadline (a later one is re-queued when the current entry pops, see [`sweep_one`]).
+/// Returns the key when it is new.
 fn store<K: Hash + Eq, V: Clone>(
     map: &mut Sharded<Arc<K>, Slot<V>>,
     expiry: &mut ExpiryQueue,
@@ -403,7 +525,7 @@ fn store<K: Hash + Eq, V: Clone>(
     value: V,
     deadline_us: u64,
     expiring: fn(Arc<K>) -> Expiring,
-) {
+) -> Option<Arc<K>> {
     let hash = map.hash_of(&key);
     match map.get_key_value_mut_hashed(hash, &key) {
         Some((stored, slot)) => {
@@ -416,6 +538,7 @@ fn store<K: Hash + Eq, V: Clone>(
                     item: expiring(Arc::clone(stored)),
                 });
             }
+            None
         }
         None => {
             let key = Arc::new(key);
@@ -428,7 +551,8 @@ fn store<K: Hash + Eq, V: Clone>(
                 value,
                 queued_us: deadline_us,
             };
-            map.insert_hashed(hash, key, slot);
+            map.insert_hashed(hash, Arc::clone(&key), slot);
+            Some(key)
         }
     }
 }
@@ -436,6 +560,7 @@ fn store<K: Hash + Eq, V: Clone>(
 /// Handles one popped expiry entry `(deadline, hash, key)`: drops the item if it expired
 /// by `clock_us`, re-queues it at its current deadline if it was extended, and ignores the
 /// entry if it is stale (the item is gone or another entry is responsible for it).
+/// Returns whether it dropped the item.
 fn sweep_one<K: Hash + Eq, V: Clone>(
     map: &mut Sharded<Arc<K>, Slot<V>>,
     expiry: &mut ExpiryQueue,
@@ -443,17 +568,17 @@ fn sweep_one<K: Hash + Eq, V: Clone>(
     clock_us: u64,
     deadline_of: impl Fn(&V) -> u64,
     expiring: fn(Arc<K>) -> Expiring,
-) {
+) -> bool {
     // Looked up as the `Arc` itself: `Arc`'s equality checks the pointer before the key.
     let Some(slot) = map.get_mut_hashed(hash, &key) else {
-        return;
+        return false;
     };
     if slot.queued_us != deadline_us {
-        return;
+        return false;
     }
     let current_us = deadline_of(&slot.value);
     if current_us <= clock_us {
-        map.remove_hashed(hash, &key);
+        map.remove_hashed(hash, &key)
     } else {
         slot.queued_us = current_us;
         expiry.push(Due {
@@ -461,6 +586,7 @@ fn sweep_one<K: Hash + Eq, V: Clone>(
             hash,
             item: expiring(key),
         });
+        false
     }
 }
 

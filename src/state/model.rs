@@ -90,6 +90,26 @@ pub enum BucketKey {
     },
 }
 
+/// Who a bucket counts against for `tenant_buckets_max`: a tenant's, an entity's (its
+/// operations) or an Envoy domain's (its descriptors).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BucketOwner<'a> {
+    Tenant(&'a TenantId),
+    Entity(&'a EntityId),
+    Domain(&'a str),
+}
+
+impl BucketKey {
+    /// The owner this bucket counts against.
+    pub fn owner(&self) -> BucketOwner<'_> {
+        match self {
+            BucketKey::Tenant { tenant, .. } => BucketOwner::Tenant(tenant),
+            BucketKey::Entity { entity_id, .. } => BucketOwner::Entity(entity_id),
+            BucketKey::Envoy { domain, .. } => BucketOwner::Domain(domain),
+        }
+    }
+}
+
 /// One GCRA charge (contract §4), already validated.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Charge {
@@ -220,6 +240,76 @@ pub enum Answer {
     Settle(SettleAnswer),
     Reset,
     Absorbed,
+    /// The command was not applied and nothing was written for it.
+    Refused(Refusal),
+}
+
+/// Why the fleet refused one command (the others of its entry or batch go on).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+pub enum Refusal {
+    /// The leader's re-check of a forwarded command (contract §9 and the node's ceilings):
+    /// `field` names the command by its position in the batch, e.g.
+    /// `commands[2].charges[0].tenant`.
+    #[error("invalid argument: {field}: {reason}")]
+    Invalid { field: String, reason: String },
+    /// Applying it would create a claim or a bucket beyond a limit the leader stamped.
+    #[error("resource exhausted: {limit}")]
+    Exhausted { limit: StateLimit },
+}
+
+/// The state limits by their config key names (`claims_max`, ...).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum StateLimit {
+    ClaimsMax,
+    BucketsMax,
+    TenantClaimsMax,
+    TenantBucketsMax,
+}
+
+impl StateLimit {
+    /// The config key that sets it.
+    pub fn key(self) -> &'static str {
+        match self {
+            StateLimit::ClaimsMax => "claims_max",
+            StateLimit::BucketsMax => "buckets_max",
+            StateLimit::TenantClaimsMax => "tenant_claims_max",
+            StateLimit::TenantBucketsMax => "tenant_buckets_max",
+        }
+    }
+}
+
+impl std::fmt::Display for StateLimit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.key())
+    }
+}
+
+/// How many claims and buckets the state may hold, stamped by the leader into every entry
+/// (like `now_us`), so every replica refuses exactly the commands the leader's limits
+/// refused, and a replay never holds more than the run that wrote the log.
+///
+/// A bucket's owner (for `tenant_buckets_max`) is its tenant, check_rate's entity_id, or an
+/// Envoy bucket's domain.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StateLimits {
+    /// Live claims, fleet-wide.
+    pub claims_max: u64,
+    /// Live buckets, fleet-wide.
+    pub buckets_max: u64,
+    /// Live claims of one tenant.
+    pub tenant_claims_max: u64,
+    /// Live buckets of one owner.
+    pub tenant_buckets_max: u64,
+}
+
+impl StateLimits {
+    /// No limit: what entries written before limits were stamped apply with.
+    pub const UNLIMITED: StateLimits = StateLimits {
+        claims_max: u64::MAX,
+        buckets_max: u64::MAX,
+        tenant_claims_max: u64::MAX,
+        tenant_buckets_max: u64::MAX,
+    };
 }
 
 /// A log entry's application payload: commands stamped with the proposing leader's clock.
@@ -227,6 +317,8 @@ pub enum Answer {
 pub struct FleetRequest {
     /// Microseconds since the Unix epoch, read by the leader when it proposed the entry.
     pub now_us: u64,
+    /// The leader's state limits when it proposed the entry (see [`StateLimits`]).
+    pub limits: StateLimits,
     /// Shared, not owned: openraft and the log's tail clone entries (for the tail, for each
     /// follower's AppendEntries), and a shared slice makes those clones a count bump. It
     /// encodes exactly as a `Vec` would, so the log and snapshot formats are unchanged.

@@ -1,5 +1,7 @@
 //! The fleet's rules as pure functions over [`FleetState`]: GCRA (contract §4), the
-//! hit steps (§5), settle (§6), reset (§10) and expiry.
+//! hit steps (§5), settle (§6), reset (§10) and expiry, within the state limits the
+//! leader stamped ([`StateLimits`]): a command that would create a claim or a bucket beyond
+//! one is answered [`Refusal::Exhausted`] and writes nothing.
 //!
 //! Nothing here does IO, reads a clock or awaits: `now_us` always comes from the log entry
 //! (or, for node-local state, from the caller). Every replica that applies the same entries
@@ -8,17 +10,36 @@
 use super::fleet::FleetState;
 use super::model::{
     Answer, BucketKey, Charge, ClaimKey, ClaimRecord, ClaimRequest, ClaimState, Command, HitAnswer,
-    HookId, Kind, NodeId, SettleAnswer, SettleOutcome, TenantId, US_PER_MS,
+    HookId, Kind, NodeId, Refusal, SettleAnswer, SettleOutcome, StateLimit, StateLimits, TenantId,
+    US_PER_MS,
 };
 
-/// Applies one command at `now_us` (already advanced with [`FleetState::advance_clock`]).
+/// Applies one command at `now_us` (already advanced with [`FleetState::advance_clock`]),
+/// with no state limit (node-local state, tests).
 pub fn apply(state: &mut FleetState, command: &Command, now_us: u64) -> Answer {
+    apply_within(state, command, now_us, &StateLimits::UNLIMITED)
+}
+
+fn exhausted(limit: StateLimit) -> Answer {
+    Answer::Refused(Refusal::Exhausted { limit })
+}
+
+/// Applies one command at `now_us` within `limits`.
+pub fn apply_within(
+    state: &mut FleetState,
+    command: &Command,
+    now_us: u64,
+    limits: &StateLimits,
+) -> Answer {
     match command {
         Command::Hit {
             charges,
             claim,
             node,
-        } => Answer::Hit(hit(state, charges, claim.as_ref(), *node, now_us)),
+        } => match hit(state, charges, claim.as_ref(), *node, now_us, limits) {
+            Ok(answer) => Answer::Hit(answer),
+            Err(limit) => exhausted(limit),
+        },
         Command::ProbeCharges { charges } => {
             Answer::Hit(match evaluate_charges(state, charges, now_us) {
                 Ok(_) => HitAnswer::Allowed,
@@ -31,7 +52,10 @@ pub fn apply(state: &mut FleetState, command: &Command, now_us: u64) -> Answer {
             outcome: SettleOutcome::Commit,
             ttl_ms,
             node,
-        } => Answer::Settle(commit(state, key, hook_id, *ttl_ms, *node, now_us)),
+        } => match commit(state, key, hook_id, (*ttl_ms, *node, now_us), limits) {
+            Ok(answer) => Answer::Settle(answer),
+            Err(limit) => exhausted(limit),
+        },
         Command::Settle {
             key,
             hook_id,
@@ -43,7 +67,7 @@ pub fn apply(state: &mut FleetState, command: &Command, now_us: u64) -> Answer {
             Answer::Reset
         }
         Command::Absorb { charges } => {
-            absorb(state, charges, now_us);
+            absorb(state, charges, now_us, limits);
             Answer::Absorbed
         }
         Command::AbsorbRound {
@@ -52,7 +76,7 @@ pub fn apply(state: &mut FleetState, command: &Command, now_us: u64) -> Answer {
             charges,
         } => {
             if *round > state.absorbed_round(*node) {
-                absorb(state, charges, now_us);
+                absorb(state, charges, now_us, limits);
                 state.set_absorbed_round(*node, *round);
             }
             Answer::Absorbed
@@ -62,31 +86,86 @@ pub fn apply(state: &mut FleetState, command: &Command, now_us: u64) -> Answer {
             hook_id,
             ttl_ms,
             node,
-        } => Answer::Settle(reconcile_commit(
-            state, key, hook_id, *ttl_ms, *node, now_us,
-        )),
+        } => match reconcile_commit(state, key, hook_id, (*ttl_ms, *node, now_us), limits) {
+            Ok(answer) => Answer::Settle(answer),
+            Err(limit) => exhausted(limit),
+        },
     }
 }
+
+/// Room for one new claim of `key`'s tenant, or the limit it would pass.
+fn room_for_claim(
+    state: &FleetState,
+    key: &ClaimKey,
+    limits: &StateLimits,
+) -> Result<(), StateLimit> {
+    let (_, claims) = state.len();
+    if claims as u64 >= limits.claims_max {
+        return Err(StateLimit::ClaimsMax);
+    }
+    if state.tenant_claims(&key.tenant) >= limits.tenant_claims_max {
+        return Err(StateLimit::TenantClaimsMax);
+    }
+    Ok(())
+}
+
+/// Room for the buckets `charges` would create (those not live now), or the limit they
+/// would pass. A charge's bucket is counted once (a hit never names a bucket twice).
+fn room_for_buckets(
+    state: &FleetState,
+    charges: &[Charge],
+    limits: &StateLimits,
+) -> Result<(), StateLimit> {
+    let new: Vec<&BucketKey> = charges
+        .iter()
+        .map(|charge| &charge.bucket)
+        .filter(|bucket| state.bucket_tat_us(bucket).is_none())
+        .collect();
+    if new.is_empty() {
+        return Ok(());
+    }
+    let (buckets, _) = state.len();
+    if buckets as u64 + new.len() as u64 > limits.buckets_max {
+        return Err(StateLimit::BucketsMax);
+    }
+    for bucket in &new {
+        let owner = bucket.owner();
+        let same_owner = new.iter().filter(|other| other.owner() == owner).count() as u64;
+        if state.owner_buckets(bucket) + same_owner > limits.tenant_buckets_max {
+            return Err(StateLimit::TenantBucketsMax);
+        }
+    }
+    Ok(())
+}
+
+/// A settle's `ttl_ms`, the node taking it and the entry's time.
+type SettleAt = (u64, NodeId, u64);
 
 fn reconcile_commit(
     state: &mut FleetState,
     key: &ClaimKey,
     hook_id: &HookId,
-    ttl_ms: u64,
-    node: NodeId,
-    now_us: u64,
-) -> SettleAnswer {
+    at: SettleAt,
+    limits: &StateLimits,
+) -> Result<SettleAnswer, StateLimit> {
     let pending_for_another = state
         .claim(key)
         .is_some_and(|record| record.state == ClaimState::Pending && record.hook_id != *hook_id);
     if pending_for_another {
         state.remove_claim(key);
     }
-    commit(state, key, hook_id, ttl_ms, node, now_us)
+    // The claim just removed leaves room for the one the commit writes.
+    commit(state, key, hook_id, at, limits)
 }
 
-fn absorb(state: &mut FleetState, charges: &[Charge], now_us: u64) {
+/// Charges each bucket without the capacity check (see [`Command::Absorb`]). A charge that
+/// would create a bucket beyond `limits` is dropped: the state stays bounded, and the
+/// fleet forgoes that part of a node's local grants.
+fn absorb(state: &mut FleetState, charges: &[Charge], now_us: u64, limits: &StateLimits) {
     for charge in charges {
+        if room_for_buckets(state, std::slice::from_ref(charge), limits).is_err() {
+            continue;
+        }
         let tat_us = state
             .bucket_tat_us(&charge.bucket)
             .unwrap_or(now_us)
@@ -99,16 +178,29 @@ fn absorb(state: &mut FleetState, charges: &[Charge], now_us: u64) {
     }
 }
 
-/// Applies a whole entry: advances the clock once, then each command in order.
+/// Applies a whole entry with no state limit (node-local state, tests): advances the
+/// clock once, then each command in order.
 pub fn apply_batch(
     state: &mut FleetState,
     commands: &[Command],
     stamped_now_us: u64,
 ) -> Vec<Answer> {
+    apply_batch_within(state, commands, stamped_now_us, &StateLimits::UNLIMITED)
+}
+
+/// Applies a whole entry within the limits its leader stamped: advances the clock once
+/// (dropping what expired, so the counts the limits are held to are of live items), then
+/// each command in order.
+pub fn apply_batch_within(
+    state: &mut FleetState,
+    commands: &[Command],
+    stamped_now_us: u64,
+    limits: &StateLimits,
+) -> Vec<Answer> {
     let now_us = state.advance_clock(stamped_now_us);
     commands
         .iter()
-        .map(|command| apply(state, command, now_us))
+        .map(|command| apply_within(state, command, now_us, limits))
         .collect()
 }
 
@@ -150,22 +242,27 @@ fn evaluate_charges(state: &FleetState, charges: &[Charge], now_us: u64) -> Resu
     }
 }
 
+/// A hit: its charges, then its claim, then room for what it would create, then the
+/// writes. Refused for room, it writes nothing (none of its charges is spent).
 fn hit(
     state: &mut FleetState,
     charges: &[Charge],
     claim: Option<&ClaimRequest>,
     node: NodeId,
     now_us: u64,
-) -> HitAnswer {
+    limits: &StateLimits,
+) -> Result<HitAnswer, StateLimit> {
     let new_tats_us = match evaluate_charges(state, charges, now_us) {
         Ok(new_tats_us) => new_tats_us,
-        Err(retry_after_ms) => return HitAnswer::RateLimited { retry_after_ms },
+        Err(retry_after_ms) => return Ok(HitAnswer::RateLimited { retry_after_ms }),
     };
     if let Some(claim) = claim {
         if let Some(blocked) = claim_blocked(state, claim, now_us) {
-            return blocked;
+            return Ok(blocked);
         }
+        room_for_claim(state, &claim.key, limits)?;
     }
+    room_for_buckets(state, charges, limits)?;
     for (charge, new_tat_us) in charges.iter().zip(new_tats_us) {
         state.set_bucket(charge.bucket.clone(), new_tat_us);
     }
@@ -179,7 +276,7 @@ fn hit(
         };
         state.set_claim(claim.key.clone(), record);
     }
-    HitAnswer::Allowed
+    Ok(HitAnswer::Allowed)
 }
 
 /// Step 3 of a hit: `Some(answer)` when the claim stops the hit here, `None` to go on.
@@ -198,15 +295,16 @@ pub fn claim_blocked(state: &FleetState, claim: &ClaimRequest, now_us: u64) -> O
     })
 }
 
+/// A settle's commit; one that recreates an absent claim needs room for it like a hit.
 fn commit(
     state: &mut FleetState,
     key: &ClaimKey,
     hook_id: &HookId,
-    settle_ttl_ms: u64,
-    node: NodeId,
-    now_us: u64,
-) -> SettleAnswer {
+    (settle_ttl_ms, node, now_us): SettleAt,
+    limits: &StateLimits,
+) -> Result<SettleAnswer, StateLimit> {
     let Some(record) = state.claim(key).cloned() else {
+        room_for_claim(state, key, limits)?;
         let record = ClaimRecord {
             hook_id: hook_id.clone(),
             node,
@@ -215,12 +313,12 @@ fn commit(
             ttl_ms: settle_ttl_ms,
         };
         state.set_claim(key.clone(), record);
-        return SettleAnswer::Recreated;
+        return Ok(SettleAnswer::Recreated);
     };
     if record.hook_id != *hook_id {
-        return SettleAnswer::Conflict {
+        return Ok(SettleAnswer::Conflict {
             holder: record.hook_id,
-        };
+        });
     }
     if record.state == ClaimState::Pending {
         let committed = ClaimRecord {
@@ -230,7 +328,7 @@ fn commit(
         };
         state.set_claim(key.clone(), committed);
     }
-    SettleAnswer::Settled
+    Ok(SettleAnswer::Settled)
 }
 
 fn release(state: &mut FleetState, key: &ClaimKey, hook_id: &HookId) -> SettleAnswer {

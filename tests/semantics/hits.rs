@@ -209,7 +209,7 @@ async fn pending_for_another_hook(client: &mut Client, tag: &str, role: &str) {
     );
     let charge = slow(&tenant, 2);
     let mut other = claim(&tenant, "evt", "hook-b");
-    other.pending_ttl_ms = 10 * 86_400_000; // the holder's expiry counts, not this one
+    other.pending_ttl_ms = 6 * 86_400_000; // the holder's expiry counts, not this one
     let answer = fleet_hit(client, vec![charge.clone()], Some(other)).await;
     let Outcome::Pending(retry_after_ms) = answer else {
         panic!("another hook's pending claim blocks, got {answer:?}");

@@ -1,4 +1,5 @@
-//! The boundary values of every input rule are valid.
+//! The boundary values of every input rule are valid: the contract's, on a fleet whose
+//! ceilings (`ttl_ms_max`, `capacity_us_max`) are the contract's own maxima.
 
 use ankusa_fleet::pb;
 
@@ -8,7 +9,7 @@ use crate::{long, wide, Client, GHOST_INCREMENT_US, THIRTY_DAYS_MS, YEAR_MS, YEA
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn boundary_values_are_valid() {
     init_tracing();
-    let fleet = Fleet::start(3, "").await;
+    let fleet = Fleet::start(3, CONTRACT_CEILINGS).await;
     let leader = fleet.wait_for_leader(&[1, 2, 3]).await;
     let follower = (1..=3).find(|id| *id != leader).expect("a follower");
 
@@ -20,6 +21,9 @@ async fn boundary_values_are_valid() {
         settle_reset_and_check_rate_boundaries(&mut client, &tag, role).await;
     }
 }
+
+/// The node ceilings at the contract's maxima (30 days, one year); their defaults are lower.
+const CONTRACT_CEILINGS: &str = "ttl_ms_max = 2592000000\ncapacity_us_max = 31536000000000";
 
 /// A tenant of exactly `bytes` bytes, distinct per `tag`.
 fn sized(tag: &str, bytes: usize) -> String {

@@ -40,6 +40,7 @@ pub(super) fn log_id(term: u64, index: u64) -> LogId {
 pub(super) fn request_entry(term: u64, index: u64) -> Entry {
     let request = FleetRequest {
         now_us: 1_000 * index,
+        limits: crate::state::StateLimits::UNLIMITED,
         commands: vec![Command::Reset {
             tenant: "tenant-a".into(),
         }]

@@ -30,6 +30,7 @@
 use std::collections::BTreeMap;
 use std::fs::{self, File, OpenOptions};
 use std::io;
+use std::io::Cursor;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -42,8 +43,50 @@ use crate::storage::record;
 
 /// Size a segment is created with (zeros); a segment rolls over once its records reach it.
 pub(super) const SEGMENT_BYTES: u64 = 16 * 1024 * 1024;
-pub(super) const KIND_ENTRY: u8 = 0;
+/// An entry as written before entries carried the leader's state limits (read only: its
+/// commands apply with no limit, as they did when it was written).
+pub(super) const KIND_ENTRY_V1: u8 = 0;
 const KIND_COMMITTED: u8 = 1;
+/// An entry whose request carries the leader's state limits (`FleetRequest::limits`).
+pub(super) const KIND_ENTRY: u8 = 2;
+
+/// An entry's payload as [`KIND_ENTRY_V1`] encodes it: no limits.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub(super) struct FleetRequestV1 {
+    pub now_us: u64,
+    pub commands: Vec<crate::state::Command>,
+}
+
+openraft::declare_raft_types!(
+    /// The type configuration [`KIND_ENTRY_V1`] records were encoded with.
+    pub(super) TypeConfigV1:
+        D = FleetRequestV1,
+        R = crate::state::FleetResponse,
+        Node = crate::raft::MemberNode,
+);
+
+/// Decodes an entry record of either kind into the current form.
+pub(super) fn decode_entry(kind: u8, payload: &[u8]) -> Result<Entry> {
+    if kind != KIND_ENTRY_V1 {
+        return decode_as(payload, "log entry");
+    }
+    let old: openraft::Entry<TypeConfigV1> = decode_as(payload, "log entry (v1)")?;
+    let payload = match old.payload {
+        openraft::EntryPayload::Blank => openraft::EntryPayload::Blank,
+        openraft::EntryPayload::Membership(m) => openraft::EntryPayload::Membership(m),
+        openraft::EntryPayload::Normal(request) => {
+            openraft::EntryPayload::Normal(crate::state::FleetRequest {
+                now_us: request.now_us,
+                limits: crate::state::StateLimits::UNLIMITED,
+                commands: request.commands.into(),
+            })
+        }
+    };
+    Ok(Entry {
+        log_id: old.log_id,
+        payload,
+    })
+}
 const SUFFIX: &str = ".wal";
 /// The next segment's file once made (zeros, fsynced), and while it is being made.
 const SPARE: &str = "next-segment.spare";
@@ -461,13 +504,15 @@ impl Wal {
                 .map_err(|e| io_error(&segment.path, "read", e))?;
             for span in spans {
                 let at = (span.offset - first.offset) as usize;
-                let Some((KIND_ENTRY, payload, _)) = read_record(&bytes, at) else {
+                let Some((kind @ (KIND_ENTRY | KIND_ENTRY_V1), payload, _)) =
+                    read_record(&bytes, at)
+                else {
                     return Err(corrupt(
                         &segment.path,
                         format!("record of entry {} does not check", span.log_id.index),
                     ));
                 };
-                let entry: Entry = decode_as(payload, "log entry")?;
+                let entry = decode_entry(kind, payload)?;
                 if entry.log_id != span.log_id {
                     return Err(LogStoreError::MisfiledEntry {
                         key_index: span.log_id.index,
@@ -579,9 +624,8 @@ fn replay_segment(
     let misfit = |at: usize, what: String| corrupt(path, format!("record at byte {at}: {what}"));
     while let Some((kind, payload, next)) = read_record(&bytes, at) {
         match kind {
-            KIND_ENTRY => {
-                let entry: Entry =
-                    decode_as(payload, "log entry").map_err(|e| misfit(at, e.to_string()))?;
+            KIND_ENTRY | KIND_ENTRY_V1 => {
+                let entry = decode_entry(kind, payload).map_err(|e| misfit(at, e.to_string()))?;
                 let expected = first_index + spans.len() as u64;
                 if entry.log_id.index != expected {
                     let got = entry.log_id.index;

@@ -351,6 +351,7 @@ fn an_append_too_large_for_one_message_asks_openraft_for_fewer_entries() {
         log_id: openraft::LogId::new(openraft::CommittedLeaderId::new(1, 1), index),
         payload: openraft::EntryPayload::Normal(FleetRequest {
             now_us: 1,
+            limits: crate::state::StateLimits::UNLIMITED,
             commands: std::sync::Arc::from(vec![command.clone(); commands]),
         }),
     };

@@ -162,6 +162,7 @@ async fn the_next_segment_is_made_ahead_and_taken_when_the_log_rolls() {
 fn long_entry(index: u64) -> Entry {
     let request = FleetRequest {
         now_us: 1_000 * index,
+        limits: crate::state::StateLimits::UNLIMITED,
         commands: vec![Command::Reset {
             tenant: "t".repeat(700).into(),
         }]
@@ -342,5 +343,32 @@ async fn a_sound_record_out_of_order_refuses_to_open() {
     assert!(
         refused.to_string().contains("entry 7 where 3 belongs"),
         "{refused}"
+    );
+}
+
+/// An entry written before entries carried state limits (record kind 0) still reads, as a
+/// request with no limit: it applies as it did when it was written.
+#[test]
+fn a_v1_entry_reads_back_with_no_limit() {
+    let commands = vec![Command::Reset { tenant: "t".into() }];
+    let old = openraft::Entry::<wal::TypeConfigV1> {
+        log_id: log_id(1, 3),
+        payload: EntryPayload::Normal(wal::FleetRequestV1 {
+            now_us: 42,
+            commands: commands.clone(),
+        }),
+    };
+    let bytes = encode_as(&old, "entry").expect("encode");
+    let entry = wal::decode_entry(wal::KIND_ENTRY_V1, &bytes).expect("decodes");
+    let want = FleetRequest {
+        now_us: 42,
+        limits: crate::state::StateLimits::UNLIMITED,
+        commands: commands.into(),
+    };
+    assert_eq!(entry.log_id, log_id(1, 3));
+    assert!(matches!(entry.payload, EntryPayload::Normal(got) if got == want));
+    assert!(
+        wal::decode_entry(wal::KIND_ENTRY, &bytes).is_err(),
+        "a v1 record is not a current one"
     );
 }

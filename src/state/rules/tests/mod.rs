@@ -13,6 +13,7 @@ use crate::state::{FleetState, StateImage};
 mod claims;
 mod expiry;
 mod gcra;
+mod limits;
 mod probe;
 mod proptests;
 mod reconcile;
