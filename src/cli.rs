@@ -113,6 +113,9 @@ impl AdminTarget {
             (Some(ca), Some(cert), Some(key), _) => {
                 Some(crate::tls::client_from_files(ca, Some((cert, key)))?)
             }
+            (None, Some(_), Some(_), None) => {
+                bail!("--cert needs --ca, or a --config with [peer_tls] for its ca_file")
+            }
             (None, Some(cert), Some(key), Some(config)) => {
                 let Some(files) = &config.peer_tls else {
                     bail!("--cert needs --ca, or a --config with [peer_tls] for its ca_file");

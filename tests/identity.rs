@@ -17,7 +17,8 @@ use ankusa_fleet::pb::internal::{
     AddMemberRequest, ClusterStatusRequest, PeerFrame, PeerMethod, RaftMessage,
     RemoveMemberRequest, SaveSnapshotRequest, SetFaultsRequest,
 };
-use ankusa_fleet::raft::{NodeId, ProposeRequest, TypeConfig};
+use ankusa_fleet::raft::{NodeId, ProposeRequest, ProposeResponse, TypeConfig};
+use ankusa_fleet::state::{Answer, ClaimKey, Command, Refusal, SettleOutcome};
 use common::*;
 use openraft::raft::{AppendEntriesRequest, InstallSnapshotRequest, VoteRequest};
 use openraft::Vote;
@@ -393,6 +394,57 @@ async fn every_certificate_speaks_only_for_its_own_identity() {
     .await;
     assert_denied("node 5, no member", answer, "not a member");
 
+    // A leader's traffic from a node this one does not know yet is heard (a node behind a
+    // membership change must catch up): node 5's stale AppendEntries reaches openraft,
+    // which answers with its own, higher vote.
+    let answer = unary(
+        &follower_addr,
+        tls_as(&fleet, "node5"),
+        PeerMethod::AppendEntries,
+        5,
+        payload(PeerMethod::AppendEntries, 0, 5),
+    )
+    .await;
+    assert_admitted("node 5's stale AppendEntries", answer);
+
+    tracing::info!("--- a node's Propose speaks for that node only");
+    let commands = vec![
+        Command::Reset {
+            tenant: "acme-reset".into(),
+        },
+        Command::Settle {
+            key: ClaimKey {
+                tenant: TENANT.into(),
+                source_id: "stripe".into(),
+                key: "posed".into(),
+            },
+            hook_id: "hook-posed".into(),
+            outcome: SettleOutcome::Commit,
+            ttl_ms: 60_000,
+            node: other,
+        },
+        Command::AbsorbRound {
+            node: other,
+            round: 12_345,
+            charges: Vec::new(),
+        },
+    ];
+    let answers = propose_as(&leader_addr, tls_as(&fleet, &node), follower, commands).await;
+    assert_eq!(answers.len(), 3, "{answers:?}");
+    assert!(
+        !matches!(answers[0], Answer::Refused(_)),
+        "the Reset names no node: {answers:?}"
+    );
+    for answer in &answers[1..] {
+        match answer {
+            Answer::Refused(Refusal::Invalid { field, reason }) => assert!(
+                field.ends_with(".node") && reason.contains(&format!("node {follower} sent it")),
+                "{field}: {reason}"
+            ),
+            other => panic!("a command naming node {other:?} was taken from node {follower}"),
+        }
+    }
+
     tracing::info!("--- only the admin changes or reads out the fleet; a node reads status");
     for (method, answer) in every_admin_call(&leader_addr, tls_as(&fleet, &node)).await {
         if method == "ClusterStatus" {
@@ -488,6 +540,32 @@ async fn every_certificate_speaks_only_for_its_own_identity() {
     fleet
         .assert_duplicates(follower, TENANT, &keys("identity", 6), 2)
         .await;
+}
+
+/// Sends `commands` as one `Propose` from node `from` with `tls`; its answers.
+async fn propose_as(
+    addr: &str,
+    tls: ClientTlsConfig,
+    from: NodeId,
+    commands: Vec<Command>,
+) -> Vec<Answer> {
+    let mut client = PeerClient::new(channel(addr, tls).await.expect("connect"));
+    let request = ProposeRequest {
+        commands,
+        timeout_ms: 5_000,
+    };
+    let message = RaftMessage {
+        cluster_id: CLUSTER_ID.to_owned(),
+        from_node_id: from,
+        payload: codec::encode(&request).expect("encode"),
+    };
+    let answer = tokio::time::timeout(CALL_DEADLINE, client.propose(message))
+        .await
+        .expect("answered in time")
+        .expect("Propose answered");
+    let response: ProposeResponse =
+        codec::decode(&answer.into_inner().payload).expect("a ProposeResponse");
+    response.expect("the batch was taken")
 }
 
 async fn cli_status(fleet: &Fleet, id: u64) -> ankusa_fleet::pb::internal::ClusterStatusResponse {

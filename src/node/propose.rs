@@ -106,11 +106,21 @@ impl Proposer {
     /// and never proposed; the others of the batch go on. (A forwarded command is proposed
     /// by whichever node leads when it reaches the queue, and every entry is stamped with
     /// that node's state limits, so the limits need no check here.)
-    pub async fn propose_forwarded(&self, request: ProposeRequest) -> ProposeResponse {
+    ///
+    /// With a verified `sender` (the node identity of the caller's certificate), a command
+    /// that names another node (`check::sent_by`) is refused the same way.
+    pub async fn propose_forwarded(
+        &self,
+        request: ProposeRequest,
+        sender: Option<crate::raft::NodeId>,
+    ) -> ProposeResponse {
         let mut refused: Vec<Option<Answer>> = Vec::with_capacity(request.commands.len());
         let mut valid = Vec::with_capacity(request.commands.len());
         for (i, command) in request.commands.into_iter().enumerate() {
-            match check::command(&command, &self.ceilings) {
+            let checked = sender
+                .map_or(Ok(()), |sender| check::sent_by(&command, sender))
+                .and_then(|()| check::command(&command, &self.ceilings));
+            match checked {
                 Ok(()) => {
                     valid.push(command);
                     refused.push(None);
@@ -525,10 +535,11 @@ impl crate::raft::service::ProposalSink for Proposer {
     fn propose(
         &self,
         request: ProposeRequest,
+        sender: Option<crate::raft::NodeId>,
     ) -> std::pin::Pin<Box<dyn std::future::Future<Output = ProposeResponse> + Send + 'static>>
     {
         let proposer = self.clone();
-        Box::pin(async move { proposer.propose_forwarded(request).await })
+        Box::pin(async move { proposer.propose_forwarded(request, sender).await })
     }
 }
 

@@ -31,10 +31,12 @@ use crate::raft::snapshot::intake::{self, SnapshotIntake};
 
 /// Where `Propose` calls go: the node's proposal queue (implemented by `node`).
 pub trait ProposalSink: Send + Sync + 'static {
-    /// Commits the batch (or refuses it) and returns one answer per command.
+    /// Commits the batch (or refuses it) and returns one answer per command; `sender` is
+    /// the node identity of the caller's certificate (`None` on a plaintext `raft_addr`).
     fn propose(
         &self,
         request: ProposeRequest,
+        sender: Option<NodeId>,
     ) -> Pin<Box<dyn Future<Output = ProposeResponse> + Send + 'static>>;
 }
 
@@ -122,7 +124,15 @@ impl PeerService {
             ));
         }
         let (member, learner) = self.membership_of(id);
-        if !member {
+        // A leader's traffic is taken from a node this node does not know as a member yet:
+        // a node behind a membership change (one joining the fleet, or cut off while the
+        // leader was added) learns of its leader only from these very messages, so refusing
+        // them would leave it behind for good. Raft's term rule decides whether it follows.
+        let leader_traffic = matches!(
+            method,
+            PeerMethod::AppendEntries | PeerMethod::InstallSnapshot
+        );
+        if !member && !leader_traffic {
             return Err(format!(
                 "identity node {id} may not call Peer/{}: it is not a member of this fleet",
                 method.as_str_name()
@@ -159,23 +169,20 @@ impl PeerService {
     }
 
     /// The check of a call's connection before its message is read (a tonic interceptor on
-    /// the `Peer` server): a certificate with no identity of this fleet, the admin identity
-    /// and a node that is no member are refused before the node receives and decodes up to
-    /// `PEER_MESSAGE_BYTES_MAX` bytes for them. The rest is checked per call and frame.
+    /// the `Peer` server): a certificate with no identity of this fleet and the admin
+    /// identity are refused before the node receives and decodes up to
+    /// `PEER_MESSAGE_BYTES_MAX` bytes for them. The rest (membership, sender, roles) is
+    /// checked per call and frame, once the method is known.
     pub fn before_reading(&self) -> impl Fn(Request<()>) -> Result<Request<()>, Status> + Clone {
         let service = self.clone();
         move |request: Request<()>| {
             let refusal = match service.caller(&request)? {
-                Caller::Unauthenticated => return Ok(request),
+                Caller::Unauthenticated | Caller::Verified(Identity::Node(_)) => {
+                    return Ok(request)
+                }
                 Caller::Verified(Identity::Admin) => {
                     "identity admin may not call Peer: only member nodes may".to_owned()
                 }
-                Caller::Verified(Identity::Node(id)) => match service.membership_of(id) {
-                    (true, _) => return Ok(request),
-                    (false, _) => format!(
-                        "identity node {id} may not call Peer: it is not a member of this fleet"
-                    ),
-                },
             };
             service.refusals.once(request.remote_addr(), &refusal);
             Err(Status::permission_denied(refusal))
@@ -262,7 +269,27 @@ impl PeerService {
                     .map_err(|refused| Status::invalid_argument(refused.to_string()))?;
                 seal(&answer)
             }
-            PeerMethod::Propose => seal(&self.proposals.propose(open(payload)?).await),
+            PeerMethod::Propose => {
+                if payload.len() > PROPOSE_BYTES_MAX {
+                    return Err(Status::invalid_argument(format!(
+                        "payload: {} bytes, a Propose is at most {PROPOSE_BYTES_MAX}",
+                        payload.len()
+                    )));
+                }
+                let request: ProposeRequest = open(payload)?;
+                if request.commands.len() > crate::config::BATCH_COMMANDS_MAX_MAX {
+                    return Err(Status::invalid_argument(format!(
+                        "commands: {} commands, a Propose carries at most {}",
+                        request.commands.len(),
+                        crate::config::BATCH_COMMANDS_MAX_MAX
+                    )));
+                }
+                let sender = match caller {
+                    Caller::Verified(Identity::Node(id)) => Some(id),
+                    Caller::Verified(Identity::Admin) | Caller::Unauthenticated => None,
+                };
+                seal(&self.proposals.propose(request, sender).await)
+            }
             PeerMethod::Unspecified => Err(Status::invalid_argument("method: not set")),
         }
     }
@@ -340,6 +367,12 @@ impl PeerService {
         })
     }
 }
+
+/// The largest `Propose` payload: a follower forwards at most
+/// `config::BATCH_COMMANDS_MAX_MAX` commands of at most `limits::COMMAND_BYTES_MAX` each. A
+/// larger one is refused before it is decoded.
+pub const PROPOSE_BYTES_MAX: usize =
+    crate::config::BATCH_COMMANDS_MAX_MAX * crate::limits::COMMAND_BYTES_MAX;
 
 /// The largest term and log index a peer may name. Terms grow by one per election and
 /// indexes by one per entry, so no fleet comes near it; a message past it is garbage, and

@@ -8,7 +8,7 @@
 
 use std::collections::HashSet;
 
-use super::model::{BucketKey, Charge, ClaimKey, ClaimRequest, Command, HookId};
+use super::model::{BucketKey, Charge, ClaimKey, ClaimRequest, Command, HookId, NodeId};
 use crate::contract::{CHARGES_MAX, ID_BYTES_MAX, KEY_BYTES_MAX, TTL_MS_MAX, YEAR_US};
 use crate::limits::COMMAND_BYTES_MAX;
 
@@ -169,6 +169,31 @@ fn claim(claim: &ClaimRequest, ceilings: &Ceilings) -> Result<(), InvalidField> 
     hook_id("claim.hook_id", &claim.hook_id)?;
     ttl_ms("claim.ttl_ms", claim.ttl_ms, ceilings)?;
     ttl_ms("claim.pending_ttl_ms", claim.pending_ttl_ms, ceilings)
+}
+
+/// Checks that a command a node forwarded speaks for that node only: the `node` a hit, a
+/// settle, a reconciled commit or an absorb round names (whose node-scope claim, whose
+/// round) must be `sender`'s, or one node could move another's rounds and claims.
+///
+/// # Errors
+/// `node`, when it names another node.
+pub fn sent_by(command: &Command, sender: NodeId) -> Result<(), InvalidField> {
+    let named = match command {
+        Command::Hit { node, .. }
+        | Command::Settle { node, .. }
+        | Command::ReconcileCommit { node, .. }
+        | Command::AbsorbRound { node, .. } => *node,
+        Command::ProbeCharges { .. } | Command::Absorb { .. } | Command::Reset { .. } => {
+            return Ok(())
+        }
+    };
+    if named == sender {
+        return Ok(());
+    }
+    Err(invalid(
+        "node",
+        format!("names node {named}, but node {sender} sent it"),
+    ))
 }
 
 /// Checks one command against contract §9 and `ceilings`.
