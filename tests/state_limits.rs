@@ -91,7 +91,7 @@ async fn a_forged_invalid_command_is_refused_by_position_and_the_rest_commit() {
             node: leader,
         },
         // A valid tenant, but a charge no edge call may make (a year is past the default
-        // capacity_us_max of one day).
+        // capacity_us_max of 31 days).
         Command::Hit {
             charges: vec![tenant_charge("victim", year_us, year_us)],
             claim: None,

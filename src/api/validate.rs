@@ -49,15 +49,7 @@ impl From<InvalidField> for InvalidArgument {
 }
 
 fn text(field: &str, value: &str, bytes_max: usize) -> Result<String, InvalidArgument> {
-    if value.is_empty() {
-        return Err(invalid(field, "must not be empty"));
-    }
-    if value.len() > bytes_max {
-        return Err(invalid(
-            field,
-            format!("is {} bytes, at most {bytes_max}", value.len()),
-        ));
-    }
+    check::text(field, value, bytes_max)?;
     Ok(value.to_owned())
 }
 

@@ -200,8 +200,9 @@ impl Defaults {
     /// Seven days: past any provider's retries, and a flood of claims holds its room for a
     /// week at most, not 30 days.
     pub const TTL_MS_MAX: u64 = 7 * 86_400_000;
-    /// One day, the longest Envoy unit: a flood of buckets holds its room for a day at most.
-    pub const CAPACITY_US_MAX: u64 = 86_400_000_000;
+    /// 31 days: a monthly quota's burst still fits (and an Envoy day twice over), and a
+    /// flood of buckets holds its room for a month at most, not a year.
+    pub const CAPACITY_US_MAX: u64 = 31 * 86_400_000_000;
 }
 
 /// The most commands one log entry may carry: at most `limits::COMMAND_BYTES_MAX` each, an

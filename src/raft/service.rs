@@ -76,12 +76,14 @@ impl PeerService {
         tls: bool,
         initial_members: Vec<NodeId>,
     ) -> Self {
+        let intake = Arc::default();
+        intake::sweep_abandoned(&intake);
         Self {
             raft,
             cluster_id: Arc::from(cluster_id),
             proposals,
             faults,
-            intake: Arc::default(),
+            intake,
             tls,
             initial_members: initial_members.into(),
             refusals: Arc::default(),

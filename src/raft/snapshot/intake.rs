@@ -45,14 +45,49 @@ fn refused(field: &'static str, reason: impl Into<String>) -> SnapshotRefused {
     }
 }
 
-/// The snapshot being received: its id and the bytes of it that arrived.
+/// The snapshot being received: its id, the bytes of it that arrived, and when the last
+/// chunk did.
 #[derive(Default)]
 pub struct SnapshotIntake {
     snapshot_id: String,
     data: Vec<u8>,
+    last_chunk_at: Option<std::time::Instant>,
+}
+
+/// A transfer with no chunk for this long is abandoned (its leader died mid-way, or the
+/// node caught up from the log instead) and its bytes are let go. openraft's sender retries
+/// a chunk within seconds.
+pub const INTAKE_ABANDONED_AFTER: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Lets go of `intake`'s bytes once no chunk came for [`INTAKE_ABANDONED_AFTER`], checking
+/// every tenth of that; ends when the intake is dropped.
+pub fn sweep_abandoned(intake: &std::sync::Arc<Mutex<SnapshotIntake>>) {
+    let intake = std::sync::Arc::downgrade(intake);
+    tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(INTAKE_ABANDONED_AFTER / 10).await;
+            let Some(intake) = intake.upgrade() else {
+                return;
+            };
+            lock(&intake).drop_if_abandoned(std::time::Instant::now());
+        }
+    });
 }
 
 impl SnapshotIntake {
+    /// Lets go of a transfer whose last chunk came [`INTAKE_ABANDONED_AFTER`] before `now`;
+    /// true if there was one.
+    pub fn drop_if_abandoned(&mut self, now: std::time::Instant) -> bool {
+        let abandoned = self
+            .last_chunk_at
+            .is_some_and(|at| now.saturating_duration_since(at) >= INTAKE_ABANDONED_AFTER);
+        if abandoned {
+            tracing::info!(snapshot_id = ?self.snapshot_id, bytes = self.data.len(), "an abandoned snapshot transfer let go");
+            *self = Self::default();
+        }
+        abandoned
+    }
+
     /// Admits a chunk that starts a snapshot (offset 0) or continues the current one at or
     /// before its end, within [`SNAPSHOT_BYTES_MAX`]. A chunk sent again (a retry) is
     /// admitted; only its bytes past what arrived are kept. The last chunk (`done`) ends
@@ -80,7 +115,7 @@ impl SnapshotIntake {
         if offset == 0 {
             *self = Self {
                 snapshot_id: snapshot_id.to_owned(),
-                data: Vec::new(),
+                ..Self::default()
             };
         } else if snapshot_id != self.snapshot_id {
             return Err(refused(
@@ -105,6 +140,7 @@ impl SnapshotIntake {
             self.data.extend_from_slice(fresh);
         }
         if !done {
+            self.last_chunk_at = Some(std::time::Instant::now());
             return Ok(None);
         }
         Ok(Some(std::mem::take(self).data))
@@ -382,6 +418,25 @@ mod tests {
         assert_eq!(check_received(&vote(), &meta, &whole), Ok(()));
         // The intake is empty again: a chunk past offset 0 starts nothing.
         let err = intake.admit("s1", 7, b"x", true).expect_err("ended");
+        assert_eq!(err.field, "meta.snapshot_id");
+    }
+
+    #[test]
+    fn an_abandoned_transfer_is_let_go_after_its_time() {
+        let (_, snapshot) = a_snapshot();
+        let mut intake = SnapshotIntake::default();
+        let now = std::time::Instant::now();
+        assert!(!intake.drop_if_abandoned(now), "nothing to let go");
+        intake
+            .admit("s1", 0, &snapshot[..10], false)
+            .expect("first");
+        assert!(!intake.drop_if_abandoned(std::time::Instant::now()));
+        assert_eq!(intake.data.len(), 10);
+        assert!(intake.drop_if_abandoned(now + INTAKE_ABANDONED_AFTER + INTAKE_ABANDONED_AFTER));
+        assert!(intake.data.is_empty() && intake.data.capacity() == 0);
+        let err = intake
+            .admit("s1", 10, &snapshot[10..], true)
+            .expect_err("let go");
         assert_eq!(err.field, "meta.snapshot_id");
     }
 
