@@ -390,9 +390,19 @@ impl Fleet {
     ///
     /// # Errors
     /// When it cannot be started.
+    /// A node that exited by itself (a stopped Raft core exits 3, as a supervisor would
+    /// then see it) is started again too.
     pub fn restart(&mut self, id: u64) -> anyhow::Result<()> {
-        if self.is_up(id) {
-            return Ok(());
+        if let Some(node) = self.nodes.get_mut(&id) {
+            if let Some(child) = node.child.as_mut() {
+                match child.try_wait() {
+                    Ok(Some(status)) => {
+                        tracing::warn!(id, %status, "node exited by itself; starting it again");
+                        node.child = None;
+                    }
+                    Ok(None) | Err(_) => return Ok(()),
+                }
+            }
         }
         self.spawn(id)
     }
