@@ -342,7 +342,7 @@ impl Fallback {
             return Ok(0);
         }
         for settle in &lost {
-            tracing::warn!(key = ?settle.key, hook_id = %settle.hook_id, "settle queue (state.sled) lost a queued commit the fallback journal holds; queued again");
+            tracing::warn!(key = ?settle.key, hook_id = ?settle.hook_id, "settle queue (state.sled) lost a queued commit the fallback journal holds; queued again");
         }
         self.queue.push_blocking(&lost)?;
         Ok(lost.len())

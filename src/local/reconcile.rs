@@ -136,7 +136,7 @@ async fn claims<N: Fleet>(node: &N) -> Result<(), N::Error> {
             let answer = match answer {
                 Err(e) if N::is_refusal(&e) => {
                     conflict("claim");
-                    tracing::warn!(?key, local_hook_id = %record.hook_id, error = %e, "reconcile: the fleet refused this claim; forgot the local one");
+                    tracing::debug!(?key, local_hook_id = ?record.hook_id, error = %e, "reconcile: the fleet refused this claim; forgot the local one");
                     node.fallback().engine.forget(key, record)?;
                     continue;
                 }
@@ -144,7 +144,7 @@ async fn claims<N: Fleet>(node: &N) -> Result<(), N::Error> {
             };
             if answer != HitAnswer::Allowed {
                 conflict("claim");
-                tracing::warn!(?key, local_hook_id = %record.hook_id, fleet = ?answer, "reconcile: the fleet holds this key for another hook; kept the fleet's");
+                tracing::debug!(?key, local_hook_id = ?record.hook_id, fleet = ?answer, "reconcile: the fleet holds this key for another hook; kept the fleet's");
             }
             node.fallback().engine.forget(key, record)?;
         }
@@ -204,11 +204,11 @@ async fn settles<N: Fleet>(node: &N) -> Result<(), N::Error> {
             match &answer? {
                 Answer::Settle(SettleAnswer::Conflict { holder }) => {
                     conflict("settle");
-                    tracing::warn!(key = ?queued.key, hook_id = %queued.hook_id, holder = %holder, "reconcile: queued settle conflicts; kept the fleet's holder");
+                    tracing::debug!(key = ?queued.key, hook_id = ?queued.hook_id, holder = ?holder, "reconcile: queued settle conflicts; kept the fleet's holder");
                 }
                 Answer::Refused(refusal) => {
                     conflict("settle");
-                    tracing::warn!(key = ?queued.key, hook_id = %queued.hook_id, %refusal, "reconcile: the fleet refused a queued settle; dropped it");
+                    tracing::debug!(key = ?queued.key, hook_id = ?queued.hook_id, %refusal, "reconcile: the fleet refused a queued settle; dropped it");
                 }
                 _ => {}
             }
