@@ -166,9 +166,11 @@ fn check_rate_telemetry(
         Ok(_) => ("request_denied", "denied"),
         Err(_) => ("rate_limiter_exception", "error"),
     };
-    // Per call, so at debug; the caller's strings in Debug form (quoted, a newline escaped),
+    // Per call, so at debug, under a target of its own (RUST_LOG=info,check_rate=debug
+    // turns on just these); the caller's strings in Debug form (quoted, a newline escaped),
     // so no entity id can forge a log line.
     tracing::debug!(
+        target: "check_rate",
         event,
         entity_id = ?request.entity_id,
         operation = ?request.operation,

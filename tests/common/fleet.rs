@@ -329,7 +329,8 @@ fn spawn(node: &mut TestNode) {
     let child = Command::new(env!("CARGO_BIN_EXE_ankusa-fleet"))
         .args(["serve", "--config"])
         .arg(&node.config_path)
-        .env("RUST_LOG", "info,openraft=warn")
+        // check_rate's per-call events (contract §11) are at debug, under their own target.
+        .env("RUST_LOG", "info,openraft=warn,check_rate=debug")
         // An error a node exits with stays one readable line in its log (anyhow would add a
         // backtrace when CI sets RUST_BACKTRACE); panics keep theirs.
         .env("RUST_LIB_BACKTRACE", "0")
