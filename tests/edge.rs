@@ -13,17 +13,6 @@ use std::time::Duration;
 use common::*;
 use tokio::time::Instant;
 
-async fn wait_until<T>(what: &str, mut check: impl FnMut() -> Option<T>) -> T {
-    let deadline = Instant::now() + CONDITION_DEADLINE;
-    loop {
-        if let Some(value) = check() {
-            return value;
-        }
-        assert!(Instant::now() < deadline, "timed out waiting for: {what}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
 /// True when this process may make a network namespace of its own (`unshare -rn`).
 fn namespaces_permitted() -> bool {
     Command::new("unshare")

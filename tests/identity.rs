@@ -116,6 +116,19 @@ async fn unary(
     }
 }
 
+/// Node `id` (its own certificate) calls `method` on `addr` as itself, with the vote (or
+/// the empty batch) of node `id` in `term`.
+async fn as_node(
+    fleet: &Fleet,
+    addr: &str,
+    id: NodeId,
+    method: PeerMethod,
+    term: u64,
+) -> Result<(), tonic::Status> {
+    let tls = tls_as(fleet, &format!("node{id}"));
+    unary(addr, tls, method, id, payload(method, term, id)).await
+}
+
 /// Sends `frames` on one `Exchange` stream and returns each answer's error code and message,
 /// by call id.
 async fn exchange(
@@ -371,37 +384,16 @@ async fn every_certificate_speaks_only_for_its_own_identity() {
             );
         }
     }
-    let answer = unary(
-        &leader_addr,
-        tls_as(&fleet, &node),
-        PeerMethod::Propose,
-        follower,
-        payload(PeerMethod::Propose, 0, follower),
-    )
-    .await;
+    let answer = as_node(&fleet, &leader_addr, follower, PeerMethod::Propose, 0).await;
     assert_admitted("a member's Propose as itself", answer);
     // Node 5 has a certificate of the fleet CA but is no member.
-    let answer = unary(
-        &follower_addr,
-        tls_as(&fleet, "node5"),
-        PeerMethod::Vote,
-        5,
-        payload(PeerMethod::Vote, term + 1, 5),
-    )
-    .await;
+    let answer = as_node(&fleet, &follower_addr, 5, PeerMethod::Vote, term + 1).await;
     assert_denied("node 5, no member", answer, "not a member");
 
     // A leader's traffic from a node this one does not know yet is heard (a node behind a
     // membership change must catch up): node 5's stale AppendEntries reaches openraft,
     // which answers with its own, higher vote.
-    let answer = unary(
-        &follower_addr,
-        tls_as(&fleet, "node5"),
-        PeerMethod::AppendEntries,
-        5,
-        payload(PeerMethod::AppendEntries, 0, 5),
-    )
-    .await;
+    let answer = as_node(&fleet, &follower_addr, 5, PeerMethod::AppendEntries, 0).await;
     assert_admitted("node 5's stale AppendEntries", answer);
 
     tracing::info!("--- a node's Propose speaks for that node only");
@@ -621,14 +613,7 @@ async fn a_learner_never_votes_and_the_cluster_commands_follow_the_leader() {
         PeerMethod::AppendEntries,
         PeerMethod::InstallSnapshot,
     ] {
-        let answer = unary(
-            &follower_addr,
-            tls_as(&fleet, "node4"),
-            method,
-            4,
-            payload(method, term + 1, 4),
-        )
-        .await;
+        let answer = as_node(&fleet, &follower_addr, 4, method, term + 1).await;
         assert_denied(
             &format!("learner {method:?}"),
             answer,
@@ -638,14 +623,7 @@ async fn a_learner_never_votes_and_the_cluster_commands_follow_the_leader() {
             ),
         );
     }
-    let answer = unary(
-        &follower_addr,
-        tls_as(&fleet, "node4"),
-        PeerMethod::Propose,
-        4,
-        payload(PeerMethod::Propose, 0, 4),
-    )
-    .await;
+    let answer = as_node(&fleet, &follower_addr, 4, PeerMethod::Propose, 0).await;
     assert_admitted("a learner's Propose", answer);
 
     tracing::info!("--- a backup through a follower comes from the leader");

@@ -30,6 +30,17 @@ const SEED: u64 = 14;
 /// The frames that aborted a node before decoding had a limit.
 const PROPOSE_THAT_ABORTED: [u8; 13] = [1, 1, 1, 1, 0xfd, 0, 0, 0, 0, 0, 0, 0, 0x40];
 
+/// A plaintext `Peer` client of node `id`'s `raft_addr`.
+async fn peer_client(fleet: &Fleet, id: u64) -> PeerClient<Channel> {
+    let addr = format!("http://{}", fleet.nodes[&id].spec.raft_addr);
+    let channel = Channel::from_shared(addr)
+        .expect("uri")
+        .connect()
+        .await
+        .expect("connect");
+    PeerClient::new(channel)
+}
+
 /// Valid encodings of each method's request under term 0 (below any real vote), to mutate.
 fn bases() -> Vec<(PeerMethod, Vec<u8>)> {
     let vote = VoteRequest::<NodeId> {
@@ -154,13 +165,7 @@ async fn seeded_garbage_to_every_peer_method_stops_no_node() {
             node = id,
             "--- unary frames to every Peer method, then one Exchange stream"
         );
-        let addr = format!("http://{}", fleet.nodes[&id].spec.raft_addr);
-        let channel = Channel::from_shared(addr)
-            .expect("uri")
-            .connect()
-            .await
-            .expect("connect");
-        let mut client = PeerClient::new(channel);
+        let mut client = peer_client(&fleet, id).await;
         let mut frames = Vec::new();
         for (method, base) in &bases {
             for n in 0..FRAMES_PER_METHOD {
@@ -243,13 +248,7 @@ async fn install(
         from_node_id: leader,
         payload: codec::encode(&request).expect("encode"),
     };
-    let addr = format!("http://{}", fleet.nodes[&id].spec.raft_addr);
-    let channel = Channel::from_shared(addr)
-        .expect("uri")
-        .connect()
-        .await
-        .expect("connect");
-    let mut client = PeerClient::new(channel);
+    let mut client = peer_client(fleet, id).await;
     let call = client.install_snapshot(message);
     match tokio::time::timeout(Duration::from_secs(10), call).await {
         Ok(answer) => answer.err(),

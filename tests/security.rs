@@ -13,7 +13,6 @@ use ankusa_fleet::pb::internal::admin_client::AdminClient;
 use ankusa_fleet::pb::internal::peer_client::PeerClient;
 use ankusa_fleet::pb::internal::{ClusterStatusRequest, RaftMessage};
 use common::*;
-use tokio::time::Instant;
 use tonic::transport::{Channel, ClientTlsConfig};
 
 const TENANT: &str = "acme";
@@ -251,17 +250,6 @@ fn serve_exposed(dir: &std::path::Path, extra: &str) -> std::process::Child {
         .stderr(std::process::Stdio::from(log))
         .spawn()
         .expect("spawn")
-}
-
-async fn wait_until<T>(what: &str, mut check: impl FnMut() -> Option<T>) -> T {
-    let deadline = Instant::now() + CONDITION_DEADLINE;
-    loop {
-        if let Some(value) = check() {
-            return value;
-        }
-        assert!(Instant::now() < deadline, "timed out waiting for: {what}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -64,13 +64,17 @@ impl Fleet {
         extra: &str,
         make: impl FnOnce(&std::path::Path, Ipv4Addr),
     ) -> Fleet {
-        let mut fleet = Self::empty_with_certs(make);
-        let initial = specs(fleet.ip, 1..=n, &[]);
-        fleet.initial = initial.clone();
+        Self::empty_with_certs(make).with_initial_voters(n, extra)
+    }
+
+    /// Starts `n` initial voters in this empty fleet; `extra` is appended to every config.
+    fn with_initial_voters(mut self, n: u64, extra: &str) -> Fleet {
+        let initial = specs(self.ip, 1..=n, &[]);
+        self.initial = initial.clone();
         for node in &initial {
-            fleet.add_process(node.clone(), &initial, extra);
+            self.add_process(node.clone(), &initial, extra);
         }
-        fleet
+        self
     }
 
     fn empty_without_certs() -> Fleet {
@@ -90,12 +94,7 @@ impl Fleet {
     pub fn start_with_api_tls(n: u64, extra: &str) -> Fleet {
         let mut fleet = Fleet::empty(true);
         fleet.api_tls = true;
-        let initial = specs(fleet.ip, 1..=n, &[]);
-        fleet.initial = initial.clone();
-        for node in &initial {
-            fleet.add_process(node.clone(), &initial, extra);
-        }
-        fleet
+        fleet.with_initial_voters(n, extra)
     }
 
     /// A certificate file of this fleet's (`ca.pem`, `admin.key`, ...).
@@ -212,13 +211,7 @@ impl Fleet {
     }
 
     fn start_with(n: u64, extra: &str, tls: bool) -> Fleet {
-        let mut fleet = Fleet::empty(tls);
-        let initial = specs(fleet.ip, 1..=n, &[]);
-        fleet.initial = initial.clone();
-        for node in &initial {
-            fleet.add_process(node.clone(), &initial, extra);
-        }
-        fleet
+        Fleet::empty(tls).with_initial_voters(n, extra)
     }
 
     /// Writes a config and starts a node process (a joining node passes `members = []`).

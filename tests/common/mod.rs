@@ -43,6 +43,22 @@ pub const CONDITION_DEADLINE: Duration = Duration::from_secs(30);
 /// Per-call timeout the tests ask for: long enough that a loaded machine still commits.
 pub const CALL_TIMEOUT_MS: u32 = 10_000;
 
+/// Waits until `check` yields `Some` (a condition outside any fleet: a lone process, a
+/// file), or panics at [`CONDITION_DEADLINE`].
+pub async fn wait_until<T>(what: &str, mut check: impl FnMut() -> Option<T>) -> T {
+    let deadline = tokio::time::Instant::now() + CONDITION_DEADLINE;
+    loop {
+        if let Some(value) = check() {
+            return value;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for: {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 pub fn init_tracing() {
     let _ = tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::new("info,openraft=warn"))
