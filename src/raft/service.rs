@@ -93,6 +93,10 @@ impl PeerService {
     /// Who calls on the connection `request` came on; a certificate without an identity of
     /// this fleet is refused (and logged once per connection).
     fn caller<T>(&self, request: &Request<T>) -> Result<Caller, Status> {
+        // `before_reading` read the certificate already and left what it found.
+        if let Some(caller) = request.extensions().get::<Caller>() {
+            return Ok(*caller);
+        }
         crate::identity::caller_of(request, self.tls, &self.cluster_id).map_err(|e| {
             let refusal = format!("Peer: {e}");
             self.refusals.once(request.remote_addr(), &refusal);
@@ -177,10 +181,12 @@ impl PeerService {
     /// checked per call and frame, once the method is known.
     pub fn before_reading(&self) -> impl Fn(Request<()>) -> Result<Request<()>, Status> + Clone {
         let service = self.clone();
-        move |request: Request<()>| {
+        move |mut request: Request<()>| {
             let refusal = match service.caller(&request)? {
-                Caller::Unauthenticated | Caller::Verified(Identity::Node(_)) => {
-                    return Ok(request)
+                caller @ (Caller::Unauthenticated | Caller::Verified(Identity::Node(_))) => {
+                    // Kept for the call itself, so the certificate is parsed once.
+                    request.extensions_mut().insert(caller);
+                    return Ok(request);
                 }
                 Caller::Verified(Identity::Admin) => {
                     "identity admin may not call Peer: only member nodes may".to_owned()
