@@ -13,6 +13,20 @@ use std::time::Duration;
 /// 8 KiB; a test holds the limit to that (`the_api_limit_fits_the_largest_valid_request`).
 pub const API_MESSAGE_BYTES_MAX: usize = 16 * 1024;
 
+/// The largest `HitBatch` request message the edge API decodes (a frame of many hits; each
+/// hit in it still at most [`API_MESSAGE_BYTES_MAX`]). The `Fleet` service's transport
+/// limit is this one, and `api::wire` holds every other `Fleet` request to
+/// [`API_MESSAGE_BYTES_MAX`] before decoding it.
+pub const HIT_BATCH_MESSAGE_BYTES_MAX: usize = 1024 * 1024;
+
+/// The most hits one `HitBatch` request message may carry; one more refuses the message
+/// (INVALID_ARGUMENT naming `hits`).
+pub const HIT_BATCH_HITS_MAX: usize = 1024;
+
+/// Hits one `HitBatch` stream may have being decided at once: the stream reads no further
+/// message while a frame's hits would pass it, so HTTP/2 flow control holds the edge back.
+pub const HIT_BATCH_HITS_IN_FLIGHT_MAX: usize = 4 * HIT_BATCH_HITS_MAX;
+
 /// The largest answer an edge client (the CLI, `bench`) decodes: a `Status` of a large
 /// fleet is a few KiB.
 pub const API_RESPONSE_BYTES_MAX: usize = 1024 * 1024;

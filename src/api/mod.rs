@@ -12,6 +12,7 @@ use futures::{Stream, StreamExt};
 use tonic::{Request, Response, Status, Streaming};
 
 pub mod admin;
+pub mod batch;
 pub mod drain;
 pub mod validate;
 pub mod wire;
@@ -210,15 +211,20 @@ async fn answer_hit(
     Ok(hit_response(decided))
 }
 
+/// A unary call's error status as a stream message carries it.
+fn call_error(status: &Status) -> pb::CallError {
+    pb::CallError {
+        code: status.code() as u32,
+        message: status.message().to_owned(),
+    }
+}
+
 /// One `HitStream` reply: the answer, or the status a unary `Hit` would have ended with.
 fn stream_reply(answer: Result<pb::HitResponse, Status>) -> pb::HitStreamReply {
     use pb::hit_stream_reply::Result as Reply;
     let result = match answer {
         Ok(response) => Reply::Response(response),
-        Err(status) => Reply::Error(pb::CallError {
-            code: status.code() as u32,
-            message: status.message().to_owned(),
-        }),
+        Err(status) => Reply::Error(call_error(&status)),
     };
     pb::HitStreamReply {
         result: Some(result),
@@ -303,6 +309,23 @@ impl pb::fleet_server::Fleet for FleetService {
             })
             .buffered(HIT_STREAM_IN_FLIGHT);
         Ok(Response::new(Box::pin(replies)))
+    }
+
+    type HitBatchStream = batch::BatchReplies;
+
+    /// Many hits per message, answered by id as each group of them is decided
+    /// ([`batch::serve`]).
+    async fn hit_batch(
+        &self,
+        request: Request<Streaming<pb::HitBatchRequest>>,
+    ) -> Result<Response<batch::BatchReplies>, Status> {
+        drop(self.gate.enter()?);
+        Ok(Response::new(batch::serve(
+            self.node.clone(),
+            self.defaults,
+            self.gate.clone(),
+            request.into_inner(),
+        )))
     }
 
     async fn settle(

@@ -49,12 +49,40 @@ impl<U: Message + Default + Send + 'static> Decoder for FieldNamingDecoder<U> {
     type Error = Status;
 
     fn decode(&mut self, buf: &mut DecodeBuf<'_>) -> Result<Option<U>, Status> {
+        if let Some(limit) = edge_request_bytes_max::<U>() {
+            if buf.remaining() > limit {
+                // The words tonic's own transport limit uses, so a caller sees one refusal.
+                return Err(Status::out_of_range(format!(
+                    "Error, decoded message length too large: found {} bytes, the limit is: {limit} bytes",
+                    buf.remaining()
+                )));
+            }
+        }
         let bytes = buf.copy_to_bytes(buf.remaining());
         match U::decode(bytes.clone()) {
             Ok(message) => Ok(Some(message)),
             Err(e) => Err(Status::invalid_argument(describe(&e.to_string(), &bytes))),
         }
     }
+}
+
+/// The limit of one `Fleet` request other than `HitBatch`'s: the `Fleet` service's
+/// transport limit is a `HitBatch` frame's ([`crate::limits::HIT_BATCH_MESSAGE_BYTES_MAX`]),
+/// and one hit, settle, reset or check stays within
+/// [`crate::limits::API_MESSAGE_BYTES_MAX`]. `None` for every other message (the peers'
+/// and the answers): their service's transport limit holds them.
+fn edge_request_bytes_max<U: 'static>() -> Option<usize> {
+    use std::any::TypeId;
+    let single = [
+        TypeId::of::<pb::HitRequest>(),
+        TypeId::of::<pb::SettleRequest>(),
+        TypeId::of::<pb::ResetRequest>(),
+        TypeId::of::<pb::CheckRateRequest>(),
+        TypeId::of::<pb::StatusRequest>(),
+    ];
+    single
+        .contains(&TypeId::of::<U>())
+        .then_some(crate::limits::API_MESSAGE_BYTES_MAX)
 }
 
 /// Turns prost's "failed to decode Protobuf message: Claim.key: HitRequest.claim: invalid

@@ -10,6 +10,7 @@ use tokio::time::Instant;
 use crate::config::PlantedBug;
 
 mod backup;
+pub mod frame;
 mod membership;
 pub mod propose;
 pub mod request;
@@ -210,12 +211,18 @@ impl Node {
     /// When the fleet could not answer in time, or the local claim index failed.
     pub async fn hit(&self, mut input: HitInput) -> Result<Decided<HitAnswer>, NodeError> {
         if self.planted_bug == Some(PlantedBug::OneChargeOver) {
-            for charge in &mut input.charges {
-                charge.capacity_us = charge.capacity_us.saturating_add(charge.increment_us);
-            }
+            Self::plant_one_charge_over(&mut input);
         }
         let decided = self.decide_hit(&input).await?;
         Ok(self.with_planted_bug(decided, input.claim.as_ref()))
+    }
+
+    /// The planted `OneChargeOver` bug: every charge gets room for one more increment (only
+    /// ever with `fault_injection`; see `config::PlantedBug`).
+    fn plant_one_charge_over(input: &mut HitInput) {
+        for charge in &mut input.charges {
+            charge.capacity_us = charge.capacity_us.saturating_add(charge.increment_us);
+        }
     }
 
     /// The planted `DuplicateForPending` bug: a pending answer becomes a duplicate naming

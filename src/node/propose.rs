@@ -173,6 +173,15 @@ impl Proposer {
         })
     }
 
+    /// Commits `commands` as one unit of the queue (one log entry, in this order) and
+    /// returns their answers in the same order: an edge's `HitBatch` frame.
+    ///
+    /// # Errors
+    /// As [`Proposer::propose`], for the unit as a whole.
+    pub async fn propose_many(&self, commands: Vec<Command>, deadline: Instant) -> ProposeResponse {
+        self.enqueue(commands, deadline).await
+    }
+
     /// Commits a forwarded batch as one unit of the queue, so batches from several followers
     /// and the leader's own callers share log entries.
     pub async fn propose_all(&self, request: ProposeRequest) -> ProposeResponse {

@@ -1,0 +1,252 @@
+//! `Fleet/HitBatch`: many hits per message, answers by the caller's ids, in any order.
+//!
+//! A frame is split once: hits that do not validate are answered at once by id; hits that
+//! route to the fleet alone go to the node as one group per timeout
+//! ([`Node::hit_fleet_group`]: one proposer unit, one deadline); the rest (node scope,
+//! mixed scopes) are decided one by one, together. Each group leaves as one reply message
+//! as soon as it is decided, with one metrics update. A stream reads no further frame while
+//! [`HIT_BATCH_HITS_IN_FLIGHT_MAX`] hits could be passed, so HTTP/2 flow control holds the
+//! edge back.
+
+use std::collections::HashMap;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::future::BoxFuture;
+use futures::stream::FuturesUnordered;
+use futures::{Stream, StreamExt};
+use tonic::{Status, Streaming};
+
+use super::drain::DrainGate;
+use super::validate::{self, RequestDefaults};
+use super::{
+    call_error, decider_label, error_label, hit_outcome_label, hit_response, invalid, status_of,
+};
+use crate::limits::{HIT_BATCH_HITS_IN_FLIGHT_MAX, HIT_BATCH_HITS_MAX};
+use crate::node::frame::HitResult;
+use crate::node::request::HitInput;
+use crate::node::route::{route, Route};
+use crate::node::Node;
+use crate::pb;
+
+/// The stream of `HitBatch` replies.
+pub type BatchReplies = Pin<Box<dyn Stream<Item = Result<pb::HitBatchReply, Status>> + Send>>;
+
+/// Answers of one group, by the caller's ids.
+type Answers = Vec<(u64, Result<pb::HitResponse, Status>)>;
+
+/// One stream's frames being read and its groups being decided.
+struct Frames {
+    node: Arc<Node>,
+    defaults: RequestDefaults,
+    gate: DrainGate,
+    /// `None` once the edge closed its side (or sent a message that did not decode).
+    incoming: Option<Streaming<pb::HitBatchRequest>>,
+    /// Each group's answers, with how many hits it holds.
+    groups: FuturesUnordered<BoxFuture<'static, (usize, Answers)>>,
+    hits_in_flight: usize,
+}
+
+/// Serves one `HitBatch` stream: `incoming` frames in, one reply per decided group out.
+/// A message that does not decode ends the stream with INVALID_ARGUMENT naming the field
+/// (the bytes after it cannot be trusted); the groups already taken are answered first.
+pub fn serve(
+    node: Arc<Node>,
+    defaults: RequestDefaults,
+    gate: DrainGate,
+    incoming: Streaming<pb::HitBatchRequest>,
+) -> BatchReplies {
+    let frames = Frames {
+        node,
+        defaults,
+        gate,
+        incoming: Some(incoming),
+        groups: FuturesUnordered::new(),
+        hits_in_flight: 0,
+    };
+    let replies = futures::stream::unfold((frames, None), |(mut frames, mut ended)| async move {
+        loop {
+            // Room for one more whole frame: read; else wait for a group to finish.
+            let may_read =
+                frames.hits_in_flight + HIT_BATCH_HITS_MAX <= HIT_BATCH_HITS_IN_FLIGHT_MAX;
+            let can_read = frames.incoming.is_some() && may_read;
+            let reading = frames.incoming.as_mut().filter(|_| may_read);
+            tokio::select! {
+                biased;
+                Some((hits, answers)) = frames.groups.next(), if !frames.groups.is_empty() => {
+                    frames.hits_in_flight -= hits;
+                    return Some((Ok(reply(answers)), (frames, ended)));
+                }
+                message = next_message(reading), if can_read => {
+                    match message {
+                        Some(Ok(frame)) => frames.take(frame),
+                        Some(Err(status)) => {
+                            frames.incoming = None;
+                            ended = Some(status);
+                        }
+                        None => frames.incoming = None,
+                    }
+                }
+                else => {
+                    // Nothing left to read or to answer.
+                    return ended.take().map(|status| (Err(status), (frames, None)));
+                }
+            }
+        }
+    });
+    Box::pin(replies)
+}
+
+async fn next_message(
+    incoming: Option<&mut Streaming<pb::HitBatchRequest>>,
+) -> Option<Result<pb::HitBatchRequest, Status>> {
+    incoming?.next().await
+}
+
+impl Frames {
+    /// Splits one frame into its groups and starts them.
+    fn take(&mut self, frame: pb::HitBatchRequest) {
+        let count = frame.hits.len();
+        if count > HIT_BATCH_HITS_MAX {
+            let refused = invalid(validate::InvalidArgument {
+                field: "hits".to_owned(),
+                reason: format!("{count} hits in one message, at most {HIT_BATCH_HITS_MAX}"),
+            });
+            let answers = frame
+                .hits
+                .iter()
+                .map(|batched| (batched.id, Err(refused.clone())))
+                .collect();
+            self.start(count, Box::pin(async move { (count, answers) }));
+            return;
+        }
+        let mut refused: Answers = Vec::new();
+        let mut fleet: HashMap<Duration, (Vec<u64>, Vec<HitInput>)> = HashMap::new();
+        let mut singles: Vec<(u64, HitInput)> = Vec::new();
+        for batched in frame.hits {
+            let hit = batched.hit.unwrap_or_default();
+            match validate::hit(&hit, self.defaults) {
+                Err(e) => refused.push((batched.id, Err(invalid(e)))),
+                Ok(input) if route(&input) == Route::FleetOnly => {
+                    let (ids, inputs) = fleet.entry(input.timeout).or_default();
+                    ids.push(batched.id);
+                    inputs.push(input);
+                }
+                Ok(input) => singles.push((batched.id, input)),
+            }
+        }
+        if !refused.is_empty() {
+            count_answers(&refused);
+            let hits = refused.len();
+            self.start(hits, Box::pin(async move { (hits, refused) }));
+        }
+        for (timeout, (ids, inputs)) in fleet {
+            let node = self.node.clone();
+            let call = self.gate.enter();
+            let hits = ids.len();
+            self.start(
+                hits,
+                Box::pin(async move {
+                    let started = Instant::now();
+                    let results = match call {
+                        Ok(_call) => node.hit_fleet_group(inputs, timeout).await,
+                        Err(refused) => return (hits, refuse_all(ids, &refused)),
+                    };
+                    (hits, decided(ids, results, started))
+                }),
+            );
+        }
+        if !singles.is_empty() {
+            let node = self.node.clone();
+            let call = self.gate.enter();
+            let hits = singles.len();
+            self.start(
+                hits,
+                Box::pin(async move {
+                    let started = Instant::now();
+                    let (ids, inputs): (Vec<u64>, Vec<HitInput>) = singles.into_iter().unzip();
+                    let results = match call {
+                        Ok(_call) => {
+                            futures::future::join_all(
+                                inputs.into_iter().map(|input| node.hit(input)),
+                            )
+                            .await
+                        }
+                        Err(refused) => return (hits, refuse_all(ids, &refused)),
+                    };
+                    (hits, decided(ids, results, started))
+                }),
+            );
+        }
+    }
+
+    fn start(&mut self, hits: usize, group: BoxFuture<'static, (usize, Answers)>) {
+        self.hits_in_flight += hits;
+        self.groups.push(group);
+    }
+}
+
+/// Every hit of a group the draining node no longer takes, answered with that refusal.
+fn refuse_all(ids: Vec<u64>, refused: &Status) -> Answers {
+    let answers: Answers = ids
+        .into_iter()
+        .map(|id| (id, Err(refused.clone())))
+        .collect();
+    count_answers(&answers);
+    answers
+}
+
+/// A group's answers by id, counted and timed once for the group.
+fn decided(ids: Vec<u64>, results: Vec<HitResult>, started: Instant) -> Answers {
+    let mut labels: HashMap<(&'static str, &'static str), u64> = HashMap::new();
+    let answers: Answers = ids
+        .into_iter()
+        .zip(results)
+        .map(|(id, result)| {
+            let answered = result.map_err(status_of);
+            let label = match &answered {
+                Ok(decided) => (
+                    hit_outcome_label(&decided.answer),
+                    decider_label(Some(&decided.decided_by)),
+                ),
+                Err(status) => (error_label(status), decider_label(None)),
+            };
+            let answer = answered.map(hit_response);
+            *labels.entry(label).or_default() += 1;
+            (id, answer)
+        })
+        .collect();
+    for ((outcome, decided_by), count) in labels {
+        metrics::counter!("ankusa_hits_total", "outcome" => outcome, "decided_by" => decided_by)
+            .increment(count);
+    }
+    super::record_latency("hit_batch", started);
+    answers
+}
+
+/// Counts answers decided without the node (refused before it was asked).
+fn count_answers(answers: &Answers) {
+    for (_, answer) in answers {
+        if let Err(status) = answer {
+            metrics::counter!("ankusa_hits_total", "outcome" => error_label(status), "decided_by" => "none")
+                .increment(1);
+        }
+    }
+}
+
+fn reply(answers: Answers) -> pb::HitBatchReply {
+    use pb::batched_answer::Result as Reply;
+    pb::HitBatchReply {
+        answers: answers
+            .into_iter()
+            .map(|(id, answer)| pb::BatchedAnswer {
+                id,
+                result: Some(match answer {
+                    Ok(response) => Reply::Response(response),
+                    Err(status) => Reply::Error(call_error(&status)),
+                }),
+            })
+            .collect(),
+    }
+}
