@@ -16,14 +16,16 @@ use std::time::{Duration, Instant};
 use futures::future::BoxFuture;
 use futures::stream::FuturesUnordered;
 use futures::{Stream, StreamExt};
+use prost::Message;
 use tonic::{Status, Streaming};
 
 use super::drain::DrainGate;
 use super::validate::{self, RequestDefaults};
 use super::{
-    call_error, decider_label, error_label, hit_outcome_label, hit_response, invalid, status_of,
+    call_error, call_status, decider_label, error_label, hit_outcome_label, hit_response, invalid,
+    status_of,
 };
-use crate::limits::{HIT_BATCH_HITS_IN_FLIGHT_MAX, HIT_BATCH_HITS_MAX};
+use crate::limits::{API_MESSAGE_BYTES_MAX, HIT_BATCH_HITS_IN_FLIGHT_MAX, HIT_BATCH_HITS_MAX};
 use crate::node::frame::HitResult;
 use crate::node::request::HitInput;
 use crate::node::route::{route, Route};
@@ -121,13 +123,22 @@ impl Frames {
             self.start(count, Box::pin(async move { (count, answers) }));
             return;
         }
-        let mut refused: Answers = Vec::new();
+        let mut refused_hits: Answers = Vec::new();
         let mut fleet: HashMap<Duration, (Vec<u64>, Vec<HitInput>)> = HashMap::new();
         let mut singles: Vec<(u64, HitInput)> = Vec::new();
         for batched in frame.hits {
             let hit = batched.hit.unwrap_or_default();
+            let bytes = hit.encoded_len();
+            if bytes > API_MESSAGE_BYTES_MAX {
+                // One hit's own limit, as a unary Hit meets it at the transport.
+                let refused = Status::out_of_range(format!(
+                    "hit: {bytes} bytes, the limit is: {API_MESSAGE_BYTES_MAX} bytes"
+                ));
+                refused_hits.push((batched.id, Err(refused)));
+                continue;
+            }
             match validate::hit(&hit, self.defaults) {
-                Err(e) => refused.push((batched.id, Err(invalid(e)))),
+                Err(e) => refused_hits.push((batched.id, Err(invalid(e)))),
                 Ok(input) if route(&input) == Route::FleetOnly => {
                     let (ids, inputs) = fleet.entry(input.timeout).or_default();
                     ids.push(batched.id);
@@ -136,10 +147,10 @@ impl Frames {
                 Ok(input) => singles.push((batched.id, input)),
             }
         }
-        if !refused.is_empty() {
-            count_answers(&refused);
-            let hits = refused.len();
-            self.start(hits, Box::pin(async move { (hits, refused) }));
+        if !refused_hits.is_empty() {
+            count_answers(&refused_hits);
+            let hits = refused_hits.len();
+            self.start(hits, Box::pin(async move { (hits, refused_hits) }));
         }
         for (timeout, (ids, inputs)) in fleet {
             let node = self.node.clone();
@@ -249,4 +260,19 @@ fn reply(answers: Answers) -> pb::HitBatchReply {
             })
             .collect(),
     }
+}
+
+/// For callers of `HitBatch`: one answer's id, and the answer or the status a unary `Hit`
+/// would have returned.
+///
+/// # Errors
+/// The answer's error, or INTERNAL for an answer without a result.
+pub fn answer_result(answer: pb::BatchedAnswer) -> (u64, Result<pb::HitResponse, Status>) {
+    use pb::batched_answer::Result as Reply;
+    let result = match answer.result {
+        Some(Reply::Response(response)) => Ok(response),
+        Some(Reply::Error(error)) => Err(call_status(error)),
+        None => Err(Status::internal("a HitBatch answer without a result")),
+    };
+    (answer.id, result)
 }

@@ -240,12 +240,17 @@ pub fn stream_reply_result(reply: pb::HitStreamReply) -> Result<pb::HitResponse,
     use pb::hit_stream_reply::Result as Reply;
     match reply.result {
         Some(Reply::Response(response)) => Ok(response),
-        Some(Reply::Error(error)) => Err(Status::new(
-            tonic::Code::from_i32(i32::try_from(error.code).unwrap_or(tonic::Code::Unknown as i32)),
-            error.message,
-        )),
+        Some(Reply::Error(error)) => Err(call_status(error)),
         None => Err(Status::internal("a HitStream reply without a result")),
     }
+}
+
+/// The other side of `call_error`: the status a unary call would have returned.
+fn call_status(error: pb::CallError) -> Status {
+    Status::new(
+        tonic::Code::from_i32(i32::try_from(error.code).unwrap_or(tonic::Code::Unknown as i32)),
+        error.message,
+    )
 }
 
 /// The edge-facing service.

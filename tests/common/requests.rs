@@ -373,3 +373,77 @@ impl HitStream {
         self.reply().await
     }
 }
+
+// ---- HitBatch: many hits per message, answers by id ----
+
+/// One open `HitBatch`: frames of (id, hit) go in, replies of answers by id come back.
+pub struct HitBatch {
+    frames: tokio::sync::mpsc::Sender<pb::HitBatchRequest>,
+    replies: tonic::Streaming<pb::HitBatchReply>,
+}
+
+/// One hit's answer on a `HitBatch`: the response, or the error as a status.
+pub type BatchAnswer = Result<pb::HitResponse, tonic::Status>;
+
+impl HitBatch {
+    pub async fn open(client: &mut FleetClient<Channel>) -> HitBatch {
+        let (frames, outgoing) = tokio::sync::mpsc::channel(16);
+        let replies = client
+            .hit_batch(tokio_stream::wrappers::ReceiverStream::new(outgoing))
+            .await
+            .expect("open a hit batch stream")
+            .into_inner();
+        HitBatch { frames, replies }
+    }
+
+    /// Sends one frame without waiting for its answers.
+    pub async fn send(&mut self, hits: Vec<(u64, pb::HitRequest)>) {
+        let hits = hits
+            .into_iter()
+            .map(|(id, hit)| pb::BatchedHit { id, hit: Some(hit) })
+            .collect();
+        self.frames
+            .send(pb::HitBatchRequest { hits })
+            .await
+            .expect("the hit batch stream takes frames");
+    }
+
+    /// The next reply message, or the status the stream ended with. Panics if it ended
+    /// without one.
+    pub async fn reply(&mut self) -> Result<Vec<(u64, BatchAnswer)>, tonic::Status> {
+        let reply = tokio::time::timeout(CONDITION_DEADLINE, self.replies.message())
+            .await
+            .expect("a reply within the deadline")?
+            .expect("the stream did not end");
+        Ok(reply
+            .answers
+            .into_iter()
+            .map(ankusa_fleet::api::batch::answer_result)
+            .collect())
+    }
+
+    /// Reply messages until `count` answers came: each answer by id, with the number of
+    /// the reply message it came in (0 for the first). Panics on an id answered twice.
+    pub async fn answers(
+        &mut self,
+        count: usize,
+    ) -> std::collections::BTreeMap<u64, (usize, BatchAnswer)> {
+        let mut answers = std::collections::BTreeMap::new();
+        let mut message = 0;
+        while answers.len() < count {
+            for (id, answer) in self.reply().await.expect("the stream did not fail") {
+                let earlier = answers.insert(id, (message, answer));
+                assert!(earlier.is_none(), "hit {id} was answered twice");
+            }
+            message += 1;
+        }
+        answers
+    }
+
+    /// Sends one hit in a frame of its own and waits for its answer.
+    pub async fn hit(&mut self, request: pb::HitRequest) -> BatchAnswer {
+        self.send(vec![(0, request)]).await;
+        let mut answers = self.answers(1).await;
+        answers.remove(&0).expect("hit 0 is answered").1
+    }
+}

@@ -11,7 +11,7 @@ use tonic::transport::Channel;
 
 use crate::common::*;
 use crate::support::millis;
-use crate::{claim_hit, decided};
+use crate::{claim_hit, decided, within_deadline};
 
 /// A 3-node fleet (with `extra` config lines) of which only one follower is left running:
 /// no quorum. The fleet is returned to keep that node alive.
@@ -252,5 +252,57 @@ async fn a_reset_clears_the_buckets_a_cut_off_node_charges() {
         (outcome(&after), decided(after.decided_by)),
         (Outcome::Allowed, "local"),
         "the reset cleared the bucket the fallback charged"
+    );
+}
+
+/// A `HitBatch` frame on a node without a quorum: every hit is answered locally, each by
+/// its own deadline: the hits with the shorter timeout come in an earlier reply than the
+/// one with the longer, which does not hold them back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frame_without_a_quorum_answers_each_hit_by_its_own_deadline() {
+    init_tracing();
+    let (fleet, survivor) = a_follower_left_alone("").await;
+    let mut client = fleet.client(survivor).await;
+    let mut batch = HitBatch::open(&mut client).await;
+    const SHORT_MS: u32 = 100;
+    const LONG_MS: u32 = 1_500;
+    let started = Instant::now();
+    batch
+        .send(vec![
+            (1, claim_hit("frame", "short-1", "hook-1", SHORT_MS)),
+            (2, claim_hit("frame", "long", "hook-2", LONG_MS)),
+            (3, claim_hit("frame", "short-2", "hook-3", SHORT_MS)),
+        ])
+        .await;
+    let answers = batch.answers(3).await;
+    let elapsed = started.elapsed();
+    for (id, (_, answer)) in &answers {
+        let response = answer.as_ref().expect("answered");
+        assert_eq!(
+            outcome(response),
+            Outcome::Allowed,
+            "hit {id}: {response:?}"
+        );
+        assert_eq!(
+            decided(response.decided_by),
+            "local",
+            "hit {id}: {response:?}"
+        );
+        // The leader's loss may not be known yet: the fleet is then waited for until the
+        // deadline.
+        assert!(
+            ["no leader", "deadline"].contains(&response.local_reason.as_str()),
+            "hit {id}: {response:?}"
+        );
+    }
+    let message = |id: u64| answers[&id].0;
+    assert_eq!(message(1), message(3), "one group per timeout: {answers:?}");
+    assert!(
+        message(1) < message(2),
+        "the short hits are not held back by the long one: {answers:?}"
+    );
+    assert!(
+        within_deadline(elapsed, LONG_MS),
+        "every hit by its deadline: the last after {elapsed:?}"
     );
 }

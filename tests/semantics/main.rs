@@ -9,6 +9,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod hit_batch;
 mod hit_stream;
 mod hits;
 mod one_fleet;

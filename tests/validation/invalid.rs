@@ -300,11 +300,13 @@ fn misjudged(case: &Invalid, result: Result<(), tonic::Status>) -> Option<String
     }
 }
 
-/// Sends every case as a unary call, and every hit also over one `HitStream` (an error
-/// reply must not end the stream: the next case goes on the same one).
+/// Sends every case as a unary call, and every hit also over one `HitStream` and in a
+/// `HitBatch` frame of its own (an error reply must not end either stream: the next case
+/// goes on the same one).
 async fn check_invalid(client: &mut Client, node: u64, cases: &[Invalid]) -> Vec<String> {
     let mut failures = Vec::new();
     let mut stream = HitStream::open(client).await;
+    let mut batch = HitBatch::open(client).await;
     for case in cases {
         let what = case.what;
         if let Some(wrong) = misjudged(case, send(client, case.call.clone()).await) {
@@ -314,6 +316,10 @@ async fn check_invalid(client: &mut Client, node: u64, cases: &[Invalid]) -> Vec
             let result = stream.hit(request.clone()).await.map(drop);
             if let Some(wrong) = misjudged(case, result) {
                 failures.push(format!("node {node}, {what} (HitStream): {wrong}"));
+            }
+            let result = batch.hit(request.clone()).await.map(drop);
+            if let Some(wrong) = misjudged(case, result) {
+                failures.push(format!("node {node}, {what} (HitBatch): {wrong}"));
             }
         }
     }
@@ -353,7 +359,7 @@ async fn invalid_requests_name_the_field_and_write_nothing() {
         }
         assert!(
             failures.is_empty(),
-            "{} answers broke contract §9 ({} cases on 3 nodes, hits also over HitStream):\n{}",
+            "{} answers broke contract §9 ({} cases on 3 nodes, hits also over HitStream and HitBatch):\n{}",
             failures.len(),
             cases.len(),
             failures.join("\n")
