@@ -78,6 +78,10 @@ enum Cmd {
         /// membership, clock (default: all).
         #[arg(long, value_delimiter = ',', value_parser = clap::builder::PossibleValuesParser::new(ankusa_fleet::nemesis::schedule::KINDS))]
         faults: Option<Vec<String>>,
+        /// Send the claims in `HitBatch` frames, one stream per node shared by its clients,
+        /// instead of a unary `Hit` each.
+        #[arg(long)]
+        frames: bool,
     },
 }
 
@@ -235,6 +239,7 @@ async fn main() -> anyhow::Result<()> {
             deadline_slack_ms,
             plant_bug,
             faults,
+            frames,
         } => {
             let plan = ankusa_fleet::nemesis::Plan {
                 seed,
@@ -243,6 +248,7 @@ async fn main() -> anyhow::Result<()> {
                 clients_per_node: clients,
                 deadline_slack: std::time::Duration::from_millis(deadline_slack_ms),
                 planted_bug: plant_bug,
+                frames,
                 kinds: faults.unwrap_or_else(|| {
                     ankusa_fleet::nemesis::schedule::KINDS
                         .iter()

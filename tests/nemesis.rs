@@ -24,10 +24,22 @@ struct Run {
 /// Runs the nemesis for `seed` and `duration_s`, with every fault kind or only `faults`
 /// (comma-separated), and with `planted_bug` planted in every node.
 fn nemesis(seed: &str, duration_s: &str, faults: Option<&str>, planted_bug: Option<&str>) -> Run {
+    nemesis_with(seed, duration_s, faults, planted_bug, &[])
+}
+
+/// [`nemesis`], with `more` arguments.
+fn nemesis_with(
+    seed: &str,
+    duration_s: &str,
+    faults: Option<&str>,
+    planted_bug: Option<&str>,
+    more: &[&str],
+) -> Run {
     let mut command = Command::new(env!("CARGO_BIN_EXE_ankusa-fleet"));
     command
         .args(["nemesis", "--seed", seed, "--duration-s", duration_s])
-        .args(["--deadline-slack-ms", CI_DEADLINE_SLACK_MS]);
+        .args(["--deadline-slack-ms", CI_DEADLINE_SLACK_MS])
+        .args(more);
     if let Some(kinds) = faults {
         command.args(["--faults", kinds]);
     }
@@ -189,5 +201,46 @@ fn a_planted_extra_charge_is_reported_by_the_bucket_search() {
         anomalies_of(&run.report, "bucket linearizability") > 0,
         "{}",
         run.report
+    );
+}
+
+/// The claims of each node's clients in `HitBatch` frames (`--frames`): the frames really
+/// carried several claims, a run is as clean as with unary calls, and a planted duplicate
+/// for a pending claim is still reported.
+#[test]
+fn claims_in_frames_run_clean_and_a_planted_duplicate_is_still_reported() {
+    let run = nemesis_with(SEED, "20", None, None, &["--frames", "--clients", "8"]);
+    let (ops, _, anomalies) = run.counts;
+    assert!(ops > 300, "a workload that did something: {}", run.report);
+    let frames_line = run
+        .report
+        .lines()
+        .find(|line| line.starts_with("frames: "))
+        .unwrap_or_else(|| panic!("the frames line: {}", run.report));
+    let words: Vec<&str> = frames_line.split_whitespace().collect();
+    let (claims, frames, largest): (u64, u64, u64) = (
+        words[1].parse().expect("claims"),
+        words[4].parse().expect("frames"),
+        words[9].parse().expect("largest"),
+    );
+    assert!(
+        frames > 0 && claims > frames && largest > 1,
+        "claims shared frames: {frames_line}"
+    );
+    let open_finding = anomalies_of(&run.report, "bucket linearizability");
+    assert_eq!(anomalies, open_finding, "{}", run.report);
+
+    let bugged = nemesis_with(
+        "11",
+        "20",
+        None,
+        Some("duplicate_for_pending"),
+        &["--frames", "--clients", "8"],
+    );
+    assert!(!bugged.success, "{}", bugged.report);
+    assert!(
+        anomalies_of(&bugged.report, "duplicate without a commit") > 0,
+        "{}",
+        bugged.report
     );
 }

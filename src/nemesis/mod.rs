@@ -3,6 +3,7 @@
 
 pub mod check;
 pub mod fleet;
+pub mod frames;
 pub mod history;
 pub mod schedule;
 pub mod workload;
@@ -10,6 +11,7 @@ pub mod workload;
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::PathBuf;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use anyhow::Context;
@@ -38,6 +40,9 @@ pub struct Plan {
     pub planted_bug: Option<String>,
     /// The fault kinds to draw from (names of `schedule::KINDS`).
     pub kinds: Vec<String>,
+    /// Claims travel in `HitBatch` frames, one stream per node shared by its clients
+    /// (`frames`), instead of a unary `Hit` each.
+    pub frames: bool,
 }
 
 /// A fault as it happened: on which nodes (none: skipped, there was no leader to take),
@@ -59,6 +64,8 @@ pub struct Outcomes {
     pub applied: Vec<Applied>,
     pub findings: Findings,
     pub dir: PathBuf,
+    /// With `--frames`: frames sent, the claims they carried, and the most in one.
+    pub frames_sent: Option<(u64, u64, u64)>,
 }
 
 /// How long the healed fleet may take to hand over every local decision.
@@ -103,13 +110,20 @@ pub async fn run(plan: &Plan) -> anyhow::Result<Outcomes> {
     let recorder = Recorder::new();
     let (stop, stopped) = watch::channel(false);
     let mut clients = Vec::new();
+    let mut streams = Vec::new();
     for (n, node) in fleet.ids().into_iter().enumerate() {
+        let frames = plan
+            .frames
+            .then(|| frames::Frames::connect(fleet.api_addr(node)))
+            .transpose()?;
+        streams.extend(frames.clone());
         for c in 0..plan.clients_per_node {
             let client = workload::Client {
                 id: n * plan.clients_per_node + c,
                 node,
                 api_addr: fleet.api_addr(node).to_owned(),
                 seed: plan.seed,
+                frames: frames.clone(),
             };
             clients.push(tokio::spawn(client.run(recorder.clone(), stopped.clone())));
         }
@@ -160,6 +174,7 @@ pub async fn run(plan: &Plan) -> anyhow::Result<Outcomes> {
             node: leader,
             api_addr: fleet.api_addr(leader).to_owned(),
             seed: plan.seed,
+            frames: None,
         };
         prober.probe(&recorder, &keys).await;
     }
@@ -249,11 +264,24 @@ pub async fn run(plan: &Plan) -> anyhow::Result<Outcomes> {
             ops: Vec::new(),
         }),
     }
+    let frames_sent = plan.frames.then(|| {
+        streams
+            .iter()
+            .fold((0, 0, 0), |(frames, hits, largest), stream| {
+                let sent = stream.sent();
+                (
+                    frames + sent.frames.load(Ordering::Relaxed),
+                    hits + sent.hits.load(Ordering::Relaxed),
+                    largest.max(sent.largest.load(Ordering::Relaxed)),
+                )
+            })
+    });
     Ok(Outcomes {
         history,
         applied,
         findings,
         dir,
+        frames_sent,
     })
 }
 
@@ -570,6 +598,12 @@ impl Outcomes {
             "ops: {} (decided by the fleet {fleet}, locally {local} of which {queued} queued settles, unknown {unknown}, not sent {not_sent})",
             self.history.len()
         );
+        if let Some((frames, hits, largest)) = self.frames_sent {
+            let _ = writeln!(
+                out,
+                "frames: {hits} claims in {frames} HitBatch frames, at most {largest} in one"
+            );
+        }
         let mut by_checker: BTreeMap<&str, usize> = BTreeMap::new();
         for checker in [
             "linearizability",
@@ -616,13 +650,14 @@ impl Outcomes {
         if !self.findings.anomalies.is_empty() {
             let _ = writeln!(
                 out,
-                "replay: ankusa-fleet nemesis --seed {} --duration-s {} --nodes {} --clients {} --deadline-slack-ms {} --faults {}{}",
+                "replay: ankusa-fleet nemesis --seed {} --duration-s {} --nodes {} --clients {} --deadline-slack-ms {} --faults {}{}{}",
                 plan.seed,
                 plan.duration.as_secs(),
                 plan.nodes,
                 plan.clients_per_node,
                 plan.deadline_slack.as_millis(),
                 plan.kinds.join(","),
+                if plan.frames { " --frames" } else { "" },
                 plan.planted_bug
                     .as_ref()
                     .map(|bug| format!(" --plant-bug {bug}"))

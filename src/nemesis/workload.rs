@@ -59,6 +59,9 @@ pub struct Client {
     pub node: u64,
     pub api_addr: String,
     pub seed: u64,
+    /// The node's `HitBatch` stream its claims travel on (`--frames`); `None`: a unary
+    /// `Hit` each.
+    pub frames: Option<super::frames::Frames>,
 }
 
 /// How long a client waits for any answer (a paused node gives none) before it calls the
@@ -204,9 +207,18 @@ impl Client {
             dedupe_scope: pb::Scope::Fleet as i32,
         };
         let invoke_us = recorder.now_us();
-        let outcome = match bounded(client.hit(request)).await {
+        let answered = match &self.frames {
+            Some(frames) => tokio::time::timeout(CLIENT_WAIT, frames.hit(request))
+                .await
+                .unwrap_or_else(|_| {
+                    Err(tonic::Status::deadline_exceeded("no answer from the node"))
+                }),
+            None => bounded(client.hit(request))
+                .await
+                .map(tonic::Response::into_inner),
+        };
+        let outcome = match answered {
             Ok(response) => {
-                let response = response.into_inner();
                 let answer = match response.outcome {
                     Some(O::Allowed(_)) => Answer::Allowed,
                     Some(O::Duplicate(d)) => Answer::Duplicate { holder: d.hook_id },
