@@ -137,7 +137,7 @@ impl Frames {
                 refused_hits.push((batched.id, Err(refused)));
                 continue;
             }
-            match validate::hit(&hit, self.defaults) {
+            match validate::hit(hit, self.defaults) {
                 Err(e) => refused_hits.push((batched.id, Err(invalid(e)))),
                 Ok(input) if route(&input) == Route::FleetOnly => {
                     let (ids, inputs) = fleet.entry(input.timeout).or_default();

@@ -197,7 +197,7 @@ pub type HitReplies = Pin<Box<dyn Stream<Item = Result<pb::HitStreamReply, Statu
 async fn answer_hit(
     node: &Node,
     defaults: RequestDefaults,
-    request: &pb::HitRequest,
+    request: pb::HitRequest,
 ) -> Result<pb::HitResponse, Status> {
     let started = Instant::now();
     let decided = match validate::hit(request, defaults) {
@@ -278,7 +278,7 @@ impl pb::fleet_server::Fleet for FleetService {
         request: Request<pb::HitRequest>,
     ) -> Result<Response<pb::HitResponse>, Status> {
         let _call = self.gate.enter()?;
-        answer_hit(&self.node, self.defaults, request.get_ref())
+        answer_hit(&self.node, self.defaults, request.into_inner())
             .await
             .map(Response::new)
     }
@@ -306,7 +306,7 @@ impl pb::fleet_server::Fleet for FleetService {
                 async move {
                     let request = message?;
                     let answer = match gate.enter() {
-                        Ok(_call) => answer_hit(&node, defaults, &request).await,
+                        Ok(_call) => answer_hit(&node, defaults, request).await,
                         Err(refused) => Err(refused),
                     };
                     Ok(stream_reply(answer))

@@ -1,7 +1,6 @@
 //! The input rules of contract §9: protobuf request → validated node input, or an
 //! [`InvalidArgument`] naming the first bad field. Nothing is written before this passes.
 
-use std::collections::HashSet;
 use std::time::Duration;
 
 use crate::contract::{
@@ -53,6 +52,17 @@ fn text(field: &str, value: &str, bytes_max: usize) -> Result<String, InvalidArg
     Ok(value.to_owned())
 }
 
+/// `value`, moved rather than copied, when it is a valid id or key (`check::text`); the
+/// field's name is built only for the error (a hit's fields: its hot path).
+fn moved_text(
+    field: impl FnOnce() -> String,
+    value: String,
+    bytes_max: usize,
+) -> Result<String, InvalidArgument> {
+    check::text("", &value, bytes_max).map_err(|e| invalid(field(), e.reason))?;
+    Ok(value)
+}
+
 fn timeout(
     field: &str,
     timeout_ms: u32,
@@ -87,14 +97,14 @@ fn ttl_ms(field: &str, value: u64, ceilings: &Ceilings) -> Result<u64, InvalidAr
     Ok(value)
 }
 
-fn charge(i: usize, charge: &pb::Charge, ceilings: &Ceilings) -> Result<Charge, InvalidArgument> {
+fn charge(i: usize, charge: pb::Charge, ceilings: &Ceilings) -> Result<Charge, InvalidArgument> {
     let field = |name: &str| format!("charges[{i}].{name}");
     let kind = match pb::Kind::try_from(charge.kind) {
         Ok(pb::Kind::Hooks) => Kind::Hooks,
         Ok(pb::Kind::Bytes) => Kind::Bytes,
         _ => return Err(invalid(field("kind"), "must be KIND_HOOKS or KIND_BYTES")),
     };
-    let tenant = TenantId::from(text(&field("tenant"), &charge.tenant, ID_BYTES_MAX)?);
+    let tenant = TenantId::from(moved_text(|| field("tenant"), charge.tenant, ID_BYTES_MAX)?);
     if charge.increment_us == 0 || charge.increment_us > YEAR_US {
         return Err(invalid(
             field("increment_us"),
@@ -115,14 +125,27 @@ fn charge(i: usize, charge: &pb::Charge, ceilings: &Ceilings) -> Result<Charge, 
     })
 }
 
-fn claim(claim: &pb::Claim, ceilings: &Ceilings) -> Result<ClaimRequest, InvalidArgument> {
+fn claim(claim: pb::Claim, ceilings: &Ceilings) -> Result<ClaimRequest, InvalidArgument> {
+    let named = |name: &'static str| move || name.to_owned();
     Ok(ClaimRequest {
         key: ClaimKey {
-            tenant: TenantId::from(text("claim.tenant", &claim.tenant, ID_BYTES_MAX)?),
-            source_id: SourceId::from(text("claim.source_id", &claim.source_id, ID_BYTES_MAX)?),
-            key: text("claim.key", &claim.key, KEY_BYTES_MAX)?.into(),
+            tenant: TenantId::from(moved_text(
+                named("claim.tenant"),
+                claim.tenant,
+                ID_BYTES_MAX,
+            )?),
+            source_id: SourceId::from(moved_text(
+                named("claim.source_id"),
+                claim.source_id,
+                ID_BYTES_MAX,
+            )?),
+            key: moved_text(named("claim.key"), claim.key, KEY_BYTES_MAX)?.into(),
         },
-        hook_id: HookId::from(text("claim.hook_id", &claim.hook_id, ID_BYTES_MAX)?),
+        hook_id: HookId::from(moved_text(
+            named("claim.hook_id"),
+            claim.hook_id,
+            ID_BYTES_MAX,
+        )?),
         ttl_ms: ttl_ms("claim.ttl_ms", claim.ttl_ms, ceilings)?,
         pending_ttl_ms: ttl_ms("claim.pending_ttl_ms", claim.pending_ttl_ms, ceilings)?,
     })
@@ -133,7 +156,7 @@ fn claim(claim: &pb::Claim, ceilings: &Ceilings) -> Result<ClaimRequest, Invalid
 /// # Errors
 /// The first field that breaks contract §9.
 pub fn hit(
-    request: &pb::HitRequest,
+    request: pb::HitRequest,
     defaults: RequestDefaults,
 ) -> Result<HitInput, InvalidArgument> {
     if request.charges.len() > CHARGES_MAX {
@@ -142,11 +165,11 @@ pub fn hit(
             format!("{} charges, at most {CHARGES_MAX}", request.charges.len()),
         ));
     }
-    let mut charges = Vec::with_capacity(request.charges.len());
-    let mut seen = HashSet::new();
-    for (i, pb_charge) in request.charges.iter().enumerate() {
+    let mut charges: Vec<Charge> = Vec::with_capacity(request.charges.len());
+    for (i, pb_charge) in request.charges.into_iter().enumerate() {
         let charge = charge(i, pb_charge, &defaults.ceilings)?;
-        if !seen.insert(charge.bucket.clone()) {
+        // At most CHARGES_MAX: a scan, with no copy of the bucket's name.
+        if charges.iter().any(|seen| seen.bucket == charge.bucket) {
             return Err(invalid(
                 format!("charges[{i}]"),
                 "a second charge for the same (kind, tenant)",
@@ -158,7 +181,6 @@ pub fn hit(
         charges,
         claim: request
             .claim
-            .as_ref()
             .map(|c| claim(c, &defaults.ceilings))
             .transpose()?,
         timeout: timeout("timeout_ms", request.timeout_ms, defaults)?,
@@ -307,7 +329,7 @@ mod tests {
             claim_ttl_ms: 1_000,
             ceilings: Ceilings::CONTRACT,
         };
-        hit(&largest, defaults).expect("the largest request is valid");
+        hit(largest.clone(), defaults).expect("the largest request is valid");
         let bytes = largest.encoded_len();
         // Room for it, and not much more: a limit far above the largest valid request would
         // only let an invalid one cost more to read before it is refused.
@@ -344,11 +366,11 @@ mod tests {
             }),
             ..Default::default()
         };
-        hit(&request(10_000_000, 60_000), defaults).expect("at the ceilings");
-        let capacity = hit(&request(10_000_001, 60_000), defaults).expect_err("capacity");
+        hit(request(10_000_000, 60_000), defaults).expect("at the ceilings");
+        let capacity = hit(request(10_000_001, 60_000), defaults).expect_err("capacity");
         assert_eq!(capacity.field, "charges[0].capacity_us");
         assert!(capacity.reason.contains("capacity_us_max"), "{capacity}");
-        let ttl = hit(&request(10_000_000, 60_001), defaults).expect_err("ttl");
+        let ttl = hit(request(10_000_000, 60_001), defaults).expect_err("ttl");
         assert_eq!(ttl.field, "claim.ttl_ms");
         assert!(ttl.reason.contains("ttl_ms_max"), "{ttl}");
         let window = pb::CheckRateRequest {
