@@ -1,12 +1,12 @@
 //! `Fleet/HitBatch`: many hits per message, answers by the caller's ids, in any order.
 //!
-//! A frame is split once: hits that do not validate are answered at once by id; hits that
-//! route to the fleet alone go to the node as one group per timeout
-//! ([`Node::hit_fleet_group`]: one proposer unit, one deadline); the rest (node scope,
-//! mixed scopes) are decided one by one, together. Each group leaves as one reply message
-//! as soon as it is decided, with one metrics update. A stream reads no further frame while
-//! [`HIT_BATCH_HITS_IN_FLIGHT_MAX`] hits could be passed, so HTTP/2 flow control holds the
-//! edge back.
+//! A frame is split once, in its order: hits that do not validate are answered at once by
+//! id; each run of consecutive hits that route to the fleet alone and share a timeout goes
+//! to the node as one group ([`Node::hit_fleet_group`]: one proposer unit, one deadline);
+//! each run of the others (node scope, mixed scopes) is decided hit by hit. Each group
+//! leaves as one reply message as soon as it is decided, with one metrics update. A stream
+//! reads no further frame while [`HIT_BATCH_HITS_IN_FLIGHT_MAX`] hits could be passed, so
+//! HTTP/2 flow control holds the edge back.
 
 use std::collections::HashMap;
 use std::pin::Pin;
@@ -37,6 +37,14 @@ pub type BatchReplies = Pin<Box<dyn Stream<Item = Result<pb::HitBatchReply, Stat
 
 /// Answers of one group, by the caller's ids.
 type Answers = Vec<(u64, Result<pb::HitResponse, Status>)>;
+
+/// Consecutive hits of a frame decided together: fleet-scoped ones with one timeout
+/// (`fleet_timeout`: one proposer unit), or the others, each decided on its own.
+struct Run {
+    fleet_timeout: Option<Duration>,
+    ids: Vec<u64>,
+    inputs: Vec<HitInput>,
+}
 
 /// One stream's frames being read and its groups being decided.
 struct Frames {
@@ -124,8 +132,7 @@ impl Frames {
             return;
         }
         let mut refused_hits: Answers = Vec::new();
-        let mut fleet: HashMap<Duration, (Vec<u64>, Vec<HitInput>)> = HashMap::new();
-        let mut singles: Vec<(u64, HitInput)> = Vec::new();
+        let mut runs: Vec<Run> = Vec::new();
         for batched in frame.hits {
             let hit = batched.hit.unwrap_or_default();
             let bytes = hit.encoded_len();
@@ -139,12 +146,21 @@ impl Frames {
             }
             match validate::hit(hit, self.defaults) {
                 Err(e) => refused_hits.push((batched.id, Err(invalid(e)))),
-                Ok(input) if route(&input) == Route::FleetOnly => {
-                    let (ids, inputs) = fleet.entry(input.timeout).or_default();
-                    ids.push(batched.id);
-                    inputs.push(input);
+                Ok(input) => {
+                    let fleet_timeout =
+                        (route(&input) == Route::FleetOnly).then_some(input.timeout);
+                    match runs.last_mut() {
+                        Some(run) if run.fleet_timeout == fleet_timeout => {
+                            run.ids.push(batched.id);
+                            run.inputs.push(input);
+                        }
+                        _ => runs.push(Run {
+                            fleet_timeout,
+                            ids: vec![batched.id],
+                            inputs: vec![input],
+                        }),
+                    }
                 }
-                Ok(input) => singles.push((batched.id, input)),
             }
         }
         if !refused_hits.is_empty() {
@@ -152,39 +168,33 @@ impl Frames {
             let hits = refused_hits.len();
             self.start(hits, Box::pin(async move { (hits, refused_hits) }));
         }
-        for (timeout, (ids, inputs)) in fleet {
+        // Started in the frame's order: each group's commands reach the proposer when it
+        // is first polled, and the stream polls new groups in the order they came.
+        for run in runs {
             let node = self.node.clone();
             let call = self.gate.enter();
-            let hits = ids.len();
+            let hits = run.ids.len();
             self.start(
                 hits,
                 Box::pin(async move {
                     let started = Instant::now();
-                    let results = match call {
-                        Ok(_call) => node.hit_fleet_group(inputs, timeout).await,
+                    let Run {
+                        fleet_timeout,
+                        ids,
+                        inputs,
+                    } = run;
+                    let _call = match call {
+                        Ok(call) => call,
                         Err(refused) => return (hits, refuse_all(ids, &refused)),
                     };
-                    (hits, decided(ids, results, started))
-                }),
-            );
-        }
-        if !singles.is_empty() {
-            let node = self.node.clone();
-            let call = self.gate.enter();
-            let hits = singles.len();
-            self.start(
-                hits,
-                Box::pin(async move {
-                    let started = Instant::now();
-                    let (ids, inputs): (Vec<u64>, Vec<HitInput>) = singles.into_iter().unzip();
-                    let results = match call {
-                        Ok(_call) => {
+                    let results = match fleet_timeout {
+                        Some(timeout) => node.hit_fleet_group(inputs, timeout).await,
+                        None => {
                             futures::future::join_all(
                                 inputs.into_iter().map(|input| node.hit(input)),
                             )
                             .await
                         }
-                        Err(refused) => return (hits, refuse_all(ids, &refused)),
                     };
                     (hits, decided(ids, results, started))
                 }),
