@@ -7,7 +7,7 @@ use ankusa_fleet::limits::{
 use ankusa_fleet::pb;
 
 use crate::common::*;
-use crate::{entries, fleet_settle, node_hit, slow};
+use crate::{commit_through_another_node, entries, node_hit, slow};
 
 /// The caller's ids, out of order on purpose: answers are matched by id, not by position.
 const FIRST: u64 = 40;
@@ -82,17 +82,7 @@ async fn hit_batch_answers_each_hit_by_id_with_effects_in_frame_order() {
             role,
             "--- a commit made through another node is seen on the stream"
         );
-        let other = (1..=3).find(|other| *other != id).expect("another node");
-        let mut other_client = fleet.client(other).await;
-        let settled = fleet_settle(
-            &mut other_client,
-            &tenant,
-            "evt-1",
-            "hook-a",
-            pb::SettleOutcome::Commit,
-        )
-        .await;
-        assert_eq!(settled, (pb::SettleStatus::Settled, String::new()));
+        commit_through_another_node(&fleet, id, &tenant, "evt-1", "hook-a").await;
         let again = batch
             .hit(hit(vec![], Some(claim(&tenant, "evt-1", "hook-z"))))
             .await

@@ -3,7 +3,7 @@
 use ankusa_fleet::pb;
 
 use crate::common::*;
-use crate::{entries, fleet_settle, slow};
+use crate::{commit_through_another_node, entries, slow};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hit_stream_answers_like_hit_in_request_order() {
@@ -58,17 +58,7 @@ async fn hit_stream_answers_like_hit_in_request_order() {
             role,
             "--- a commit made through another node is seen on the stream"
         );
-        let other = (1..=3).find(|other| *other != id).expect("another node");
-        let mut other_client = fleet.client(other).await;
-        let settled = fleet_settle(
-            &mut other_client,
-            &tenant,
-            "evt-1",
-            "hook-a",
-            pb::SettleOutcome::Commit,
-        )
-        .await;
-        assert_eq!(settled, (pb::SettleStatus::Settled, String::new()));
+        commit_through_another_node(&fleet, id, &tenant, "evt-1", "hook-a").await;
         let again = stream
             .hit(hit(vec![], Some(claim(&tenant, "evt-1", "hook-z"))))
             .await

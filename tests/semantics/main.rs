@@ -82,6 +82,27 @@ pub(crate) async fn assert_budget(client: &mut Client, charge: &pb::Charge, hits
     );
 }
 
+/// Commits `key` for `hook` through a node other than `id`, and checks it settled.
+pub(crate) async fn commit_through_another_node(
+    fleet: &Fleet,
+    id: u64,
+    tenant: &str,
+    key: &str,
+    hook: &str,
+) {
+    let other = (1..=3).find(|other| *other != id).expect("another node");
+    let mut other_client = fleet.client(other).await;
+    let settled = fleet_settle(
+        &mut other_client,
+        tenant,
+        key,
+        hook,
+        pb::SettleOutcome::Commit,
+    )
+    .await;
+    assert_eq!(settled, (pb::SettleStatus::Settled, String::new()));
+}
+
 pub(crate) async fn fleet_settle(
     client: &mut Client,
     tenant: &str,
