@@ -343,6 +343,20 @@ impl OpenStream {
             let flush_at = gathered.flush_at;
             tokio::select! {
                 biased;
+                jobs = submissions.recv(), if accepting && room => match jobs {
+                    // Every hit handed over before an answer is read goes into the next
+                    // frame (this branch comes first): a frame answered sends them all.
+                    Some(jobs) => {
+                        gather(gathered, jobs);
+                        while gathered.len() + self.pending.len() < HITS_HELD_MAX {
+                            let Ok(jobs) = submissions.try_recv() else {
+                                break;
+                            };
+                            gather(gathered, jobs);
+                        }
+                    }
+                    None => accepting = false,
+                },
                 reply = replies.next() => match reply {
                     Some(Ok(reply)) => self.answer(reply),
                     Some(Err(status)) => {
@@ -356,19 +370,6 @@ impl OpenStream {
                             "the node closed the hit stream".to_owned(),
                         ));
                     }
-                },
-                jobs = submissions.recv(), if accepting && room => match jobs {
-                    // Every hit handed over by now goes into the same frame.
-                    Some(jobs) => {
-                        gather(gathered, jobs);
-                        while gathered.len() + self.pending.len() < HITS_HELD_MAX {
-                            let Ok(jobs) = submissions.try_recv() else {
-                                break;
-                            };
-                            gather(gathered, jobs);
-                        }
-                    }
-                    None => accepting = false,
                 },
                 () = tokio::time::sleep_until(next_deadline.unwrap_or(idle)),
                     if next_deadline.is_some() => self.expire(Instant::now()),
