@@ -727,3 +727,50 @@ async fn a_broken_stream_fails_its_hits_and_the_next_hit_opens_another() {
     stream.answer(&[(frame[0].id, None)]);
     assert_eq!(answer_of(next).await, fleet_says(Outcome::Ok));
 }
+
+/// `hit_many` through a follower: 1500 hits (two frames: the node takes at most 1024 in
+/// one), answered in the order asked. Committed keys are probed at known places (each
+/// answered with its own holder), and one hit without a tenant is refused on its own
+/// while the rest are decided.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hit_many_answers_in_the_order_asked() {
+    init_tracing();
+    let fleet = Fleet::start(3, "").await;
+    let leader = fleet.wait_for_leader(&[1, 2, 3]).await;
+    let follower = (1..=3).find(|id| *id != leader).expect("a follower");
+    let committed = keys("held", 15);
+    fleet.commit_claims(&[1, 2, 3], TENANT, &committed, 8).await;
+
+    const HITS: usize = 1500;
+    const INVALID: usize = 1100;
+    let probe_at = |i: usize| (i % 100 == 7).then(|| committed[i / 100].clone());
+    let hits: Vec<pb::HitRequest> = (0..HITS)
+        .map(|i| match probe_at(i) {
+            Some(key) => claim_hit(&key, "another"),
+            None if i == INVALID => {
+                let mut bad = claim_hit("no-tenant", "h");
+                bad.claim.as_mut().expect("claim").tenant.clear();
+                bad
+            }
+            None => claim_hit(&format!("fresh-{i}"), "mine"),
+        })
+        .collect();
+    let answers = client_of(&fleet, follower).hit_many(hits).await;
+    assert_eq!(answers.len(), HITS);
+    for (i, answer) in answers.into_iter().enumerate() {
+        match probe_at(i) {
+            Some(key) => assert_eq!(
+                answer,
+                fleet_says(Outcome::Duplicate {
+                    hook_id: hook_of(&key)
+                }),
+                "hit {i}, a probe of {key}"
+            ),
+            None if i == INVALID => assert!(
+                matches!(&answer, Err(Error::InvalidArgument(message)) if message.contains("tenant")),
+                "hit {i}: {answer:?}"
+            ),
+            None => assert_eq!(answer, fleet_says(Outcome::Ok), "hit {i}, a fresh key"),
+        }
+    }
+}
