@@ -605,7 +605,9 @@ async fn a_lone_hit_leaves_alone_and_hits_of_many_clones_share_the_next_frame() 
     let answers: Vec<(u64, Option<u64>)> = next
         .iter()
         .map(|hit| {
-            let i: u64 = hit.name["clone-".len()..].parse().expect("a clone's number");
+            let i: u64 = hit.name["clone-".len()..]
+                .parse()
+                .expect("a clone's number");
             (hit.id, Some(i))
         })
         .collect();
@@ -657,7 +659,10 @@ async fn a_hit_never_answered_times_out_by_its_deadline_and_the_others_go_on() {
     let held_frame = stream.frame().await;
     assert_eq!(held_frame.len(), 1, "{held_frame:?}");
     let asked_ms = held_frame[0].timeout_ms;
-    assert!(asked_ms > 0 && asked_ms <= 280, "the node is asked {asked_ms} ms");
+    assert!(
+        asked_ms > 0 && asked_ms <= 280,
+        "the node is asked {asked_ms} ms"
+    );
     let behind = calls.hit(&client, "behind", FAR_MS);
     calls.wait_for(2).await;
 

@@ -384,8 +384,7 @@ impl OpenStream {
     fn send_ready(&mut self, gathered: &mut Gathered, closing: bool) -> Result<(), Error> {
         let now = Instant::now();
         let flush = gathered.flush_due(now) || closing;
-        while !gathered.is_empty()
-            && (flush || self.frames.is_empty() || gathered.has_full_frame())
+        while !gathered.is_empty() && (flush || self.frames.is_empty() || gathered.has_full_frame())
         {
             let frame = gathered.take_frame(now);
             self.send(frame, now)?;
@@ -449,7 +448,8 @@ impl OpenStream {
         // the pending ones (a deadline may be days away).
         if self.deadlines.len() > 2 * self.pending.len() + HITS_HELD_MAX {
             let pending = &self.pending;
-            self.deadlines.retain(|Reverse((_, id))| pending.contains_key(id));
+            self.deadlines
+                .retain(|Reverse((_, id))| pending.contains_key(id));
         }
     }
 
@@ -485,5 +485,79 @@ fn result_of(result: Option<pb::batched_answer::Result>) -> Result<pb::HitRespon
         None => Err(Error::Protocol(
             "a batch answer with neither response nor error".to_owned(),
         )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A hit of about `bytes` bytes (a claim key that long).
+    fn job(bytes: usize, deadline: Instant) -> Result<(Job, Answer), Error> {
+        let request = pb::HitRequest {
+            claim: Some(pb::Claim {
+                key: "k".repeat(bytes),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        Job::new(request, deadline, Duration::from_secs(60))
+    }
+
+    #[test]
+    fn a_hit_larger_than_the_node_takes_is_refused_before_it_is_sent() {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        assert!(job(HIT_BYTES_MAX - 100, deadline).is_ok());
+        let refused = job(HIT_BYTES_MAX, deadline).map(|_| ());
+        assert!(
+            matches!(refused, Err(Error::InvalidArgument(_))),
+            "{refused:?}"
+        );
+    }
+
+    /// Gathered hits leave in frames within both caps, oldest first; a hit whose caller
+    /// left is not sent, and one past its deadline is answered `Timeout`.
+    #[tokio::test]
+    async fn frames_hold_at_most_the_caps() {
+        let now = Instant::now();
+        let deadline = now + Duration::from_secs(60);
+        let mut gathered = Gathered::default();
+        let mut answers = Vec::new();
+        // 100 hits of 15 KiB: the byte cap holds 63 of them.
+        for _ in 0..100 {
+            let (job, answer) = job(15 * 1024, deadline).expect("a hit");
+            gathered.push(job, now);
+            answers.push(answer);
+        }
+        assert!(gathered.has_full_frame());
+        let frame = gathered.take_frame(now);
+        let frame_bytes: usize = frame.iter().map(|job| job.bytes).sum();
+        assert_eq!(frame.len(), FRAME_BYTES_MAX / frame[0].bytes);
+        assert!(frame_bytes <= FRAME_BYTES_MAX, "{frame_bytes}");
+        assert_eq!(gathered.len(), 100 - frame.len());
+
+        let mut gathered = Gathered::default();
+        for _ in 0..FRAME_HITS_MAX + 10 {
+            let (job, answer) = job(10, deadline).expect("a hit");
+            gathered.push(job, now);
+            answers.push(answer);
+        }
+        assert!(gathered.has_full_frame());
+        assert_eq!(gathered.take_frame(now).len(), FRAME_HITS_MAX);
+        assert!(!gathered.has_full_frame());
+
+        let mut gathered = Gathered::default();
+        let (gone, answer) = job(10, deadline).expect("a hit");
+        drop(answer);
+        let (late, mut late_answer) = job(10, now + Duration::from_millis(1)).expect("a hit");
+        let (wanted, _answer) = job(10, deadline).expect("a hit");
+        for job in [gone, late, wanted] {
+            gathered.push(job, now);
+        }
+        let frame = gathered.take_frame(now + Duration::from_millis(2));
+        assert_eq!(frame.len(), 1);
+        assert_eq!(frame[0].deadline, deadline);
+        assert!(matches!(late_answer.try_recv(), Ok(Err(Error::Timeout(_)))));
+        assert!(gathered.is_empty() && gathered.flush_at.is_none());
     }
 }
