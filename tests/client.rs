@@ -379,10 +379,9 @@ mod fake {
                 .map(|&(id, limited)| {
                     let outcome = match limited {
                         None => Outcome::Allowed(pb::Allowed {}),
-                        Some(retry_after_ms) => Outcome::RateLimited(pb::RateLimited {
-                            retry_after_ms,
-                            ..Default::default()
-                        }),
+                        Some(retry_after_ms) => {
+                            Outcome::RateLimited(pb::RateLimited { retry_after_ms })
+                        }
                     };
                     pb::BatchedAnswer {
                         id,
