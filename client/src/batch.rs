@@ -204,15 +204,15 @@ pub(crate) async fn run(
     mut submissions: mpsc::Receiver<Submission>,
     open_timeout: Duration,
 ) {
+    // Empty whenever no stream is open: a stream that ends fails every hit it held.
     let mut gathered = Gathered::default();
     loop {
-        if gathered.is_empty() {
-            let Some(jobs) = submissions.recv().await else {
-                return;
-            };
-            gather(&mut gathered, jobs);
-        }
-        // Callers that gave up while the last stream broke need no new one.
+        let Some(jobs) = submissions.recv().await else {
+            return;
+        };
+        gather(&mut gathered, jobs);
+        // A caller that gave up while its hit was queued (behind an open that failed
+        // slowly) needs no stream.
         drop_unwanted(&mut gathered);
         if gathered.is_empty() {
             continue;
@@ -360,8 +360,11 @@ impl OpenStream {
                 reply = replies.next() => match reply {
                     Some(Ok(reply)) => self.answer(reply),
                     Some(Err(status)) => {
+                        // Not the status itself: it says nothing of the hits (a
+                        // stream ended INVALID_ARGUMENT did not refuse them).
                         return Ended::Broken(Error::Unavailable(format!(
-                            "the hit stream broke: {}",
+                            "the hit stream broke: {:?}: {}",
+                            status.code(),
                             status.message()
                         )));
                     }
