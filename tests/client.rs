@@ -1,6 +1,11 @@
 //! The edge client crate (`client/`, `ankusa-fleet-client`) against real fleets: the whole
-//! API over TCP, many concurrent hits on one stream each getting its own answer, a frozen
-//! node answered for by the deadline, and the node's Unix socket (`api_socket`).
+//! API over TCP, many concurrent hits on one stream each getting its own answer, `hit_many`
+//! answering in the order asked, a frozen node answered for by the deadline, and the node's
+//! Unix socket (`api_socket`).
+//!
+//! And against a fake node (`fake`) that hands each `HitBatch` stream to the test, which
+//! answers its frames as it likes: how hits are gathered into frames, matched by id, given
+//! up at their deadlines, and failed when the stream breaks.
 
 mod common;
 
