@@ -1,6 +1,11 @@
 //! The edge client crate (`client/`, `ankusa-fleet-client`) against real fleets: the whole
-//! API over TCP, many concurrent hits on one stream each getting its own answer, a frozen
-//! node answered for by the deadline, and the node's Unix socket (`api_socket`).
+//! API over TCP, many concurrent hits on one stream each getting its own answer, `hit_many`
+//! answering in the order asked, a frozen node answered for by the deadline, and the node's
+//! Unix socket (`api_socket`).
+//!
+//! And against a fake node (`fake`) that hands each `HitBatch` stream to the test, which
+//! answers its frames as it likes: how hits are gathered into frames, matched by id, given
+//! up at their deadlines, and failed when the stream breaks.
 
 mod common;
 
@@ -321,4 +326,460 @@ async fn the_unix_socket_serves_the_edge_api() {
             decided_by: DecidedBy::Fleet
         }
     );
+}
+
+/// A `Fleet` node of the test's own making: every `HitBatch` stream the client opens is
+/// handed to the test, which reads its frames and answers them as it likes (late, out of
+/// order, never, or by ending the stream). Every other call is unimplemented.
+mod fake {
+    use ankusa_fleet::pb;
+    use tokio::sync::mpsc;
+    use tokio_stream::wrappers::UnboundedReceiverStream;
+    use tokio_stream::StreamExt;
+    use tonic::{Request, Response, Status, Streaming};
+
+    use super::CONDITION_DEADLINE;
+
+    /// One `HitBatch` stream: the frames the client sent, and the replies to send it.
+    pub struct BatchStream {
+        frames: mpsc::UnboundedReceiver<pb::HitBatchRequest>,
+        replies: mpsc::UnboundedSender<Result<pb::HitBatchReply, Status>>,
+    }
+
+    /// A hit as the fake node read it: its id and the tenant of its first charge (each
+    /// test's hits carry their names there).
+    #[derive(Clone, Debug, PartialEq, Eq)]
+    pub struct Received {
+        pub id: u64,
+        pub name: String,
+        pub timeout_ms: u32,
+    }
+
+    impl BatchStream {
+        /// The next frame the client sent, within [`CONDITION_DEADLINE`].
+        pub async fn frame(&mut self) -> Vec<Received> {
+            let frame = tokio::time::timeout(CONDITION_DEADLINE, self.frames.recv())
+                .await
+                .expect("a frame within the deadline")
+                .expect("the client keeps the stream open");
+            frame
+                .hits
+                .into_iter()
+                .map(|batched| {
+                    let hit = batched.hit.expect("a hit");
+                    Received {
+                        id: batched.id,
+                        name: hit.charges[0].tenant.clone(),
+                        timeout_ms: hit.timeout_ms,
+                    }
+                })
+                .collect()
+        }
+
+        /// Answers hit `id` allowed, or rate limited for `retry_after_ms`.
+        pub fn answer(&self, answers: &[(u64, Option<u64>)]) {
+            use pb::hit_response::Outcome;
+            let answers = answers
+                .iter()
+                .map(|&(id, limited)| {
+                    let outcome = match limited {
+                        None => Outcome::Allowed(pb::Allowed {}),
+                        Some(retry_after_ms) => {
+                            Outcome::RateLimited(pb::RateLimited { retry_after_ms })
+                        }
+                    };
+                    pb::BatchedAnswer {
+                        id,
+                        result: Some(pb::batched_answer::Result::Response(pb::HitResponse {
+                            outcome: Some(outcome),
+                            decided_by: pb::DecidedBy::Fleet as i32,
+                            ..Default::default()
+                        })),
+                    }
+                })
+                .collect();
+            self.replies
+                .send(Ok(pb::HitBatchReply { answers }))
+                .expect("the stream is open");
+        }
+
+        /// Ends the stream with `status`.
+        pub fn break_with(self, status: Status) {
+            let _ = self.replies.send(Err(status));
+        }
+    }
+
+    struct FakeNode {
+        streams: mpsc::UnboundedSender<BatchStream>,
+    }
+
+    /// Serves a fake node on a free loopback port: its address, and the streams opened on
+    /// it as they open.
+    pub async fn start() -> (String, mpsc::UnboundedReceiver<BatchStream>) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr").to_string();
+        let (streams, opened) = mpsc::unbounded_channel();
+        let node = pb::fleet_server::FleetServer::new(FakeNode { streams });
+        tokio::spawn(
+            tonic::transport::Server::builder()
+                .add_service(node)
+                .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
+        );
+        (addr, opened)
+    }
+
+    /// The next stream the client opens, within [`CONDITION_DEADLINE`].
+    pub async fn next_stream(opened: &mut mpsc::UnboundedReceiver<BatchStream>) -> BatchStream {
+        tokio::time::timeout(CONDITION_DEADLINE, opened.recv())
+            .await
+            .expect("a stream within the deadline")
+            .expect("the fake node runs")
+    }
+
+    #[tonic::async_trait]
+    impl pb::fleet_server::Fleet for FakeNode {
+        async fn hit(
+            &self,
+            _: Request<pb::HitRequest>,
+        ) -> Result<Response<pb::HitResponse>, Status> {
+            Err(Status::unimplemented("fake node"))
+        }
+
+        async fn settle(
+            &self,
+            _: Request<pb::SettleRequest>,
+        ) -> Result<Response<pb::SettleResponse>, Status> {
+            Err(Status::unimplemented("fake node"))
+        }
+
+        async fn reset(
+            &self,
+            _: Request<pb::ResetRequest>,
+        ) -> Result<Response<pb::ResetResponse>, Status> {
+            Err(Status::unimplemented("fake node"))
+        }
+
+        async fn check_rate(
+            &self,
+            _: Request<pb::CheckRateRequest>,
+        ) -> Result<Response<pb::CheckRateResponse>, Status> {
+            Err(Status::unimplemented("fake node"))
+        }
+
+        async fn status(
+            &self,
+            _: Request<pb::StatusRequest>,
+        ) -> Result<Response<pb::StatusResponse>, Status> {
+            Err(Status::unimplemented("fake node"))
+        }
+
+        type HitStreamStream = tokio_stream::Empty<Result<pb::HitStreamReply, Status>>;
+
+        async fn hit_stream(
+            &self,
+            _: Request<Streaming<pb::HitRequest>>,
+        ) -> Result<Response<Self::HitStreamStream>, Status> {
+            Err(Status::unimplemented("fake node"))
+        }
+
+        type HitBatchStream = UnboundedReceiverStream<Result<pb::HitBatchReply, Status>>;
+
+        async fn hit_batch(
+            &self,
+            request: Request<Streaming<pb::HitBatchRequest>>,
+        ) -> Result<Response<Self::HitBatchStream>, Status> {
+            let mut incoming = request.into_inner();
+            let (frames, read) = mpsc::unbounded_channel();
+            let (replies, outgoing) = mpsc::unbounded_channel();
+            tokio::spawn(async move {
+                while let Some(Ok(frame)) = incoming.next().await {
+                    if frames.send(frame).is_err() {
+                        break;
+                    }
+                }
+            });
+            let _ = self.streams.send(BatchStream {
+                frames: read,
+                replies,
+            });
+            Ok(Response::new(UnboundedReceiverStream::new(outgoing)))
+        }
+    }
+}
+
+/// A deadline no test waits out: a hit that must not leave by its gather share (a quarter
+/// of it) or its deadline within [`CONDITION_DEADLINE`].
+const FAR_MS: u32 = 600_000;
+
+/// A hit named `name` (its charge's tenant), for the fake node to tell hits apart.
+fn named_hit(name: &str, timeout_ms: u32) -> pb::HitRequest {
+    let mut hit = budget_hit(name, 1);
+    hit.timeout_ms = timeout_ms;
+    hit
+}
+
+fn rate_limited(retry_after_ms: u64) -> Result<ankusa_fleet_client::Decision, Error> {
+    fleet_says(Outcome::RateLimited {
+        retry_after: Duration::from_millis(retry_after_ms),
+    })
+}
+
+/// Calls that have handed their hits to the client. These tests run on one thread, so a
+/// call counted here has put its hit in the client's queue: a call's first poll does both,
+/// and the test reads the count only between polls.
+#[derive(Clone, Default)]
+struct Calls(std::sync::Arc<std::sync::atomic::AtomicUsize>);
+
+impl Calls {
+    /// Starts `client.hit(named_hit(name, timeout_ms))` in a task of its own.
+    fn hit(
+        &self,
+        client: &Client,
+        name: &str,
+        timeout_ms: u32,
+    ) -> tokio::task::JoinHandle<Result<ankusa_fleet_client::Decision, Error>> {
+        let (client, count, hit) = (client.clone(), self.0.clone(), named_hit(name, timeout_ms));
+        tokio::spawn(async move {
+            count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            client.hit(hit).await
+        })
+    }
+
+    async fn wait_for(&self, calls: usize) {
+        wait_until("the calls have handed over their hits", || {
+            (self.0.load(std::sync::atomic::Ordering::SeqCst) >= calls).then_some(())
+        })
+        .await;
+    }
+}
+
+/// The answer of a call started with [`Calls::hit`], within [`CONDITION_DEADLINE`].
+async fn answer_of(
+    call: tokio::task::JoinHandle<Result<ankusa_fleet_client::Decision, Error>>,
+) -> Result<ankusa_fleet_client::Decision, Error> {
+    tokio::time::timeout(CONDITION_DEADLINE, call)
+        .await
+        .expect("the call returned")
+        .expect("the call's task")
+}
+
+fn fake_client(addr: String) -> Client {
+    Client::connect(Target::Tcp(addr), Options::default()).expect("a client")
+}
+
+/// With nothing in flight a hit leaves at once in a frame of its own (its deadline is far
+/// off, so no gather timer sends it); while a frame is in flight, the hits of 64 clones
+/// gather, and all leave in the one frame after it, each answered with its own answer.
+#[tokio::test]
+async fn a_lone_hit_leaves_alone_and_hits_of_many_clones_share_the_next_frame() {
+    init_tracing();
+    let (addr, mut opened) = fake::start().await;
+    let client = fake_client(addr);
+    let calls = Calls::default();
+
+    tracing::info!("--- a lone hit: a frame of its own, answered");
+    let lone = calls.hit(&client, "lone", FAR_MS);
+    let mut stream = fake::next_stream(&mut opened).await;
+    let frame = stream.frame().await;
+    assert_eq!(frame.len(), 1, "{frame:?}");
+    assert_eq!(frame[0].name, "lone");
+    stream.answer(&[(frame[0].id, None)]);
+    assert_eq!(answer_of(lone).await, fleet_says(Outcome::Ok));
+
+    tracing::info!("--- 64 clones' hits while a frame is in flight: one frame after it");
+    let first = calls.hit(&client, "first", FAR_MS);
+    let in_flight = stream.frame().await;
+    assert_eq!(in_flight.len(), 1, "{in_flight:?}");
+    let many: Vec<_> = (0..64u64)
+        .map(|i| (i, calls.hit(&client, &format!("clone-{i}"), FAR_MS)))
+        .collect();
+    calls.wait_for(2 + 64).await;
+    stream.answer(&[(in_flight[0].id, None)]);
+    assert_eq!(answer_of(first).await, fleet_says(Outcome::Ok));
+    let next = stream.frame().await;
+    let mut names: Vec<&str> = next.iter().map(|hit| hit.name.as_str()).collect();
+    names.sort_unstable();
+    let mut expected: Vec<String> = (0..64).map(|i| format!("clone-{i}")).collect();
+    expected.sort_unstable();
+    assert_eq!(names, expected, "the frame after the one in flight");
+
+    // Each hit's own answer: clone i is rate limited for i ms.
+    let answers: Vec<(u64, Option<u64>)> = next
+        .iter()
+        .map(|hit| {
+            let i: u64 = hit.name["clone-".len()..]
+                .parse()
+                .expect("a clone's number");
+            (hit.id, Some(i))
+        })
+        .collect();
+    stream.answer(&answers);
+    for (i, call) in many {
+        assert_eq!(answer_of(call).await, rate_limited(i), "clone {i}");
+    }
+}
+
+/// The node answers the later of two hits in one frame first: its caller returns while
+/// the earlier one still waits, and then the earlier one gets its own answer.
+#[tokio::test]
+async fn answers_are_matched_by_id_without_head_of_line_blocking() {
+    init_tracing();
+    let (addr, mut opened) = fake::start().await;
+    let client = fake_client(addr);
+    let calls = Calls::default();
+    let first = calls.hit(&client, "first", FAR_MS);
+    let mut stream = fake::next_stream(&mut opened).await;
+    let in_flight = stream.frame().await;
+    let early = calls.hit(&client, "early", FAR_MS);
+    calls.wait_for(2).await;
+    let late = calls.hit(&client, "late", FAR_MS);
+    calls.wait_for(3).await;
+    stream.answer(&[(in_flight[0].id, None)]);
+    assert_eq!(answer_of(first).await, fleet_says(Outcome::Ok));
+
+    let frame = stream.frame().await;
+    let names: Vec<&str> = frame.iter().map(|hit| hit.name.as_str()).collect();
+    assert_eq!(names, ["early", "late"]);
+    stream.answer(&[(frame[1].id, Some(7))]);
+    assert_eq!(answer_of(late).await, rate_limited(7));
+    assert!(!early.is_finished(), "the early hit has no answer yet");
+    stream.answer(&[(frame[0].id, None)]);
+    assert_eq!(answer_of(early).await, fleet_says(Outcome::Ok));
+}
+
+/// The node never answers one hit: its call ends at its deadline as a timeout, the node
+/// was asked to answer before it, and the hit no longer counts as in flight, so the hit
+/// gathered behind it leaves then. The node's late answer goes to nobody.
+#[tokio::test]
+async fn a_hit_never_answered_times_out_by_its_deadline_and_the_others_go_on() {
+    init_tracing();
+    let (addr, mut opened) = fake::start().await;
+    let client = fake_client(addr);
+    let calls = Calls::default();
+    let held = calls.hit(&client, "held", 300);
+    let mut stream = fake::next_stream(&mut opened).await;
+    let held_frame = stream.frame().await;
+    assert_eq!(held_frame.len(), 1, "{held_frame:?}");
+    let asked_ms = held_frame[0].timeout_ms;
+    assert!(
+        asked_ms > 0 && asked_ms <= 280,
+        "the node is asked {asked_ms} ms"
+    );
+    let behind = calls.hit(&client, "behind", FAR_MS);
+    calls.wait_for(2).await;
+
+    assert_eq!(
+        answer_of(held).await,
+        Err(Error::Timeout(Duration::from_millis(300)))
+    );
+    let frame = stream.frame().await;
+    assert_eq!(frame.len(), 1, "{frame:?}");
+    assert_eq!(frame[0].name, "behind");
+    // The held hit's answer, late, and then the one behind it.
+    stream.answer(&[(held_frame[0].id, Some(1)), (frame[0].id, None)]);
+    assert_eq!(answer_of(behind).await, fleet_says(Outcome::Ok));
+
+    let after = calls.hit(&client, "after", FAR_MS);
+    let frame = stream.frame().await;
+    stream.answer(&[(frame[0].id, Some(9))]);
+    assert_eq!(answer_of(after).await, rate_limited(9));
+}
+
+/// A frame whose hit the node holds (its deadline far off) keeps a later hit waiting only
+/// for a share of that hit's own deadline: then it leaves on its own and is answered.
+#[tokio::test]
+async fn a_stalled_frame_holds_a_gathered_hit_only_a_share_of_its_deadline() {
+    init_tracing();
+    let (addr, mut opened) = fake::start().await;
+    let client = fake_client(addr);
+    let calls = Calls::default();
+    let _held = calls.hit(&client, "held", FAR_MS);
+    let mut stream = fake::next_stream(&mut opened).await;
+    let held_frame = stream.frame().await;
+    assert_eq!(held_frame.len(), 1, "{held_frame:?}");
+
+    let quick = calls.hit(&client, "quick", 8_000);
+    let frame = stream.frame().await;
+    assert_eq!(frame.len(), 1, "{frame:?}");
+    assert_eq!(frame[0].name, "quick");
+    stream.answer(&[(frame[0].id, None)]);
+    assert_eq!(answer_of(quick).await, fleet_says(Outcome::Ok));
+}
+
+/// The stream breaks with a frame in flight and a hit gathered: both calls fail at once as
+/// unavailable, and the next hit opens a new stream and is answered there.
+#[tokio::test]
+async fn a_broken_stream_fails_its_hits_and_the_next_hit_opens_another() {
+    init_tracing();
+    let (addr, mut opened) = fake::start().await;
+    let client = fake_client(addr);
+    let calls = Calls::default();
+    let sent = calls.hit(&client, "sent", FAR_MS);
+    let mut stream = fake::next_stream(&mut opened).await;
+    stream.frame().await;
+    let gathered = calls.hit(&client, "gathered", FAR_MS);
+    calls.wait_for(2).await;
+
+    stream.break_with(tonic::Status::internal("the fake node gives up"));
+    for call in [sent, gathered] {
+        let failed = answer_of(call).await;
+        assert!(matches!(failed, Err(Error::Unavailable(_))), "{failed:?}");
+    }
+
+    let next = calls.hit(&client, "next", FAR_MS);
+    let mut stream = fake::next_stream(&mut opened).await;
+    let frame = stream.frame().await;
+    assert_eq!(frame.len(), 1, "{frame:?}");
+    assert_eq!(frame[0].name, "next");
+    stream.answer(&[(frame[0].id, None)]);
+    assert_eq!(answer_of(next).await, fleet_says(Outcome::Ok));
+}
+
+/// `hit_many` through a follower: 1500 hits (two frames: the node takes at most 1024 in
+/// one), answered in the order asked. Committed keys are probed at known places (each
+/// answered with its own holder), and one hit without a tenant is refused on its own
+/// while the rest are decided.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hit_many_answers_in_the_order_asked() {
+    init_tracing();
+    let fleet = Fleet::start(3, "").await;
+    let leader = fleet.wait_for_leader(&[1, 2, 3]).await;
+    let follower = (1..=3).find(|id| *id != leader).expect("a follower");
+    let committed = keys("held", 15);
+    fleet.commit_claims(&[1, 2, 3], TENANT, &committed, 8).await;
+
+    const HITS: usize = 1500;
+    const INVALID: usize = 1100;
+    let probe_at = |i: usize| (i % 100 == 7).then(|| committed[i / 100].clone());
+    let hits: Vec<pb::HitRequest> = (0..HITS)
+        .map(|i| match probe_at(i) {
+            Some(key) => claim_hit(&key, "another"),
+            None if i == INVALID => {
+                let mut bad = claim_hit("no-tenant", "h");
+                bad.claim.as_mut().expect("claim").tenant.clear();
+                bad
+            }
+            None => claim_hit(&format!("fresh-{i}"), "mine"),
+        })
+        .collect();
+    let answers = client_of(&fleet, follower).hit_many(hits).await;
+    assert_eq!(answers.len(), HITS);
+    for (i, answer) in answers.into_iter().enumerate() {
+        match probe_at(i) {
+            Some(key) => assert_eq!(
+                answer,
+                fleet_says(Outcome::Duplicate {
+                    hook_id: hook_of(&key)
+                }),
+                "hit {i}, a probe of {key}"
+            ),
+            None if i == INVALID => assert!(
+                matches!(&answer, Err(Error::InvalidArgument(message)) if message.contains("tenant")),
+                "hit {i}: {answer:?}"
+            ),
+            None => assert_eq!(answer, fleet_says(Outcome::Ok), "hit {i}, a fresh key"),
+        }
+    }
 }

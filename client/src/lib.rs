@@ -1,9 +1,15 @@
 //! An edge client for the local ankusa-fleet node.
 //!
 //! One [`Client`] per edge process, cloned into every worker: hits from all of them travel
-//! over one `HitStream` (the node answers them in the order they were sent), and settles,
-//! resets and check_rate calls are unary calls on the same HTTP/2 connection. The node may
-//! be on TCP (`api_addr`, optionally with TLS) or on its Unix socket (`api_socket`).
+//! over one `HitBatch` stream, and settles, resets and check_rate calls are unary calls on
+//! the same HTTP/2 connection. The node may be on TCP (`api_addr`, optionally with TLS) or
+//! on its Unix socket (`api_socket`).
+//!
+//! Hits are coalesced without the caller's help: with no frame in flight a hit leaves at
+//! once, alone; while one is in flight, the hits of every clone gather into the next frame,
+//! which leaves when that one is answered (or when it is full). Each answer is matched to
+//! its hit by id, so a slow hit holds back no other. An edge that already holds a batch
+//! hands it over whole with [`Client::hit_many`].
 //!
 //! Every call returns by its deadline. The node is asked to answer a little before it
 //! (a tenth of the deadline, at most 20 ms, is kept for the way back), and the client stops
@@ -46,12 +52,10 @@
 //! # }
 //! ```
 
-use std::collections::VecDeque;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use tokio::sync::{mpsc, oneshot};
-use tokio_stream::StreamExt;
+use tokio::sync::mpsc;
 use tonic::transport::{Channel, ClientTlsConfig, Endpoint, Uri};
 
 /// The edge API's messages and client, generated from the repository's `proto/fleet.proto`.
@@ -60,6 +64,8 @@ pub mod pb {
 }
 
 use pb::fleet_client::FleetClient;
+
+mod batch;
 
 /// Where the local node serves its edge API.
 #[derive(Clone, Debug)]
@@ -189,57 +195,16 @@ pub fn node_timeout_ms(deadline: Duration) -> u32 {
     u32::try_from(asked.as_millis()).unwrap_or(u32::MAX).max(1)
 }
 
-/// Hits sent on the stream and not answered yet, at most; a further call waits for a place
-/// (within its deadline).
-const IN_FLIGHT_MAX: usize = 4096;
-
-/// One hit waiting for its place on the stream and then for its reply.
-struct Job {
-    request: pb::HitRequest,
-    /// When its caller stops waiting: `timeout_ms` is set from it as the hit is sent, so
-    /// time spent queued here is not the node's to spend.
-    deadline: tokio::time::Instant,
-    /// The call's whole deadline, for its `Timeout`.
-    budget: Duration,
-    reply: oneshot::Sender<Result<pb::HitResponse, Error>>,
-}
-
-/// The replies due on one stream, oldest first.
-type Waiting = VecDeque<oneshot::Sender<Result<pb::HitResponse, Error>>>;
-
-impl Job {
-    /// Sends the hit on `requests` with what is left of its deadline and queues its reply
-    /// in `waiting`. A hit whose deadline passed is not sent (the node need not work for
-    /// nobody): its caller is answered `Timeout` at once.
-    fn send(mut self, requests: &mpsc::UnboundedSender<pb::HitRequest>, waiting: &mut Waiting) {
-        let left = self
-            .deadline
-            .checked_duration_since(tokio::time::Instant::now())
-            .filter(|left| !left.is_zero());
-        let Some(left) = left else {
-            let _ = self.reply.send(Err(Error::Timeout(self.budget)));
-            return;
-        };
-        if self.reply.is_closed() {
-            return;
-        }
-        self.request.timeout_ms = node_timeout_ms(left);
-        match requests.send(self.request) {
-            Ok(()) => waiting.push_back(self.reply),
-            Err(_) => {
-                let closed = Error::Unavailable("the hit stream closed".to_owned());
-                let _ = self.reply.send(Err(closed));
-            }
-        }
-    }
-}
+/// Submissions waiting for the hit task, at most (a submission is one hit, or up to a frame
+/// of a [`Client::hit_many`]); a further call waits for room within its deadline.
+const SUBMISSIONS_QUEUED_MAX: usize = 1024;
 
 /// A client of one node (cheap to clone; clones share the connection and the hit stream).
-/// Dropping the last clone closes the stream once its replies are in.
+/// Dropping the last clone closes the stream once its answers are in.
 #[derive(Clone)]
 pub struct Client {
     unary: FleetClient<Channel>,
-    hits: mpsc::Sender<Job>,
+    hits: mpsc::Sender<batch::Submission>,
     timeout: Duration,
 }
 
@@ -253,8 +218,12 @@ impl Client {
     pub fn connect(target: Target, options: Options) -> Result<Client, Error> {
         let channel = channel(&target, &options)?;
         let unary = FleetClient::new(channel);
-        let (hits, jobs) = mpsc::channel(IN_FLIGHT_MAX);
-        tokio::spawn(run_stream(unary.clone(), jobs, options.connect_timeout));
+        let (hits, submissions) = mpsc::channel(SUBMISSIONS_QUEUED_MAX);
+        tokio::spawn(batch::run(
+            unary.clone(),
+            submissions,
+            options.connect_timeout,
+        ));
         Ok(Client {
             unary,
             hits,
@@ -269,35 +238,75 @@ impl Client {
         }
     }
 
-    /// Charges and claims in one call, over the shared `HitStream`. `request.timeout_ms`
-    /// is the call's deadline (0: [`Options::timeout`]).
+    /// Charges and claims in one call. `request.timeout_ms` is the call's deadline (0:
+    /// [`Options::timeout`]).
+    ///
+    /// Hits of every clone share one `HitBatch` stream: a hit leaves at once when no frame
+    /// is in flight, and otherwise in the next frame, with the others that came meanwhile.
     ///
     /// # Errors
     /// No answer by the deadline, an unreachable node, or a refused request.
     pub async fn hit(&self, request: pb::HitRequest) -> Result<Decision, Error> {
-        let deadline = self.deadline(request.timeout_ms);
-        let (reply, answer) = oneshot::channel();
-        let job = Job {
-            request,
-            deadline: tokio::time::Instant::now() + deadline,
-            budget: deadline,
-            reply,
+        let budget = self.deadline(request.timeout_ms);
+        let deadline = tokio::time::Instant::now() + budget;
+        let (job, answer) = batch::Job::new(request, deadline, budget)?;
+        self.submit(vec![job]).await;
+        wait_for(answer, deadline, budget).await
+    }
+
+    /// Many hits in one call, for an edge that already holds a batch: they leave together
+    /// (in frames of at most 1024), and the answers come back in the order of `requests`.
+    /// Each hit is its own decision with its own deadline (its `timeout_ms`, 0:
+    /// [`Options::timeout`]), and its own error; the call returns by the latest of them.
+    pub async fn hit_many(&self, requests: Vec<pb::HitRequest>) -> Vec<Result<Decision, Error>> {
+        let now = tokio::time::Instant::now();
+        let mut waits = Vec::with_capacity(requests.len());
+        let mut frame = Vec::new();
+        for request in requests {
+            let budget = self.deadline(request.timeout_ms);
+            let deadline = now + budget;
+            match batch::Job::new(request, deadline, budget) {
+                Ok((job, answer)) => {
+                    frame.push(job);
+                    waits.push(Ok((answer, deadline, budget)));
+                }
+                Err(refused) => waits.push(Err(refused)),
+            }
+            if frame.len() == batch::FRAME_HITS_MAX {
+                self.submit(std::mem::take(&mut frame)).await;
+            }
+        }
+        self.submit(frame).await;
+        let mut decisions = Vec::with_capacity(waits.len());
+        for wait in waits {
+            decisions.push(match wait {
+                Ok((answer, deadline, budget)) => wait_for(answer, deadline, budget).await,
+                Err(refused) => Err(refused),
+            });
+        }
+        decisions
+    }
+
+    /// Hands `jobs` to the hit task, waiting for room until the latest of their deadlines;
+    /// a job that finds none is answered here.
+    async fn submit(&self, jobs: batch::Submission) {
+        let Some(latest) = jobs.iter().map(|job| job.deadline).max() else {
+            return;
         };
-        let call = async {
-            self.hits
-                .send(job)
-                .await
-                .map_err(|_| Error::Unavailable("the hit stream's task stopped".to_owned()))?;
-            answer
-                .await
-                .map_err(|_| Error::Unavailable("the hit stream's task stopped".to_owned()))?
-        };
-        let response = within(deadline, call).await?;
-        decision(
-            response.outcome.map(outcome_of).transpose()?,
-            response.decided_by,
-            response.local_reason,
-        )
+        match tokio::time::timeout_at(latest, self.hits.reserve()).await {
+            Ok(Ok(room)) => room.send(jobs),
+            Ok(Err(_)) => {
+                for job in jobs {
+                    job.answer(Err(stopped()));
+                }
+            }
+            // Every one of their deadlines has passed.
+            Err(_) => {
+                for job in jobs {
+                    job.time_out();
+                }
+            }
+        }
     }
 
     /// The second phase of a claim: commit (the hook is stored) or release (it was not).
@@ -416,6 +425,33 @@ async fn within<T>(
     }
 }
 
+/// A hit's answer, or [`Error::Timeout`] at its `deadline` (the node's `CANCELLED` or
+/// `DEADLINE_EXCEEDED` for it is that timeout too).
+async fn wait_for(
+    answer: batch::Answer,
+    deadline: tokio::time::Instant,
+    budget: Duration,
+) -> Result<Decision, Error> {
+    let response = match tokio::time::timeout_at(deadline, answer).await {
+        Err(_) => return Err(Error::Timeout(budget)),
+        Ok(Err(_)) => return Err(stopped()),
+        Ok(Ok(Err(Error::Status {
+            code: tonic::Code::Cancelled | tonic::Code::DeadlineExceeded,
+            ..
+        }))) => return Err(Error::Timeout(budget)),
+        Ok(Ok(answered)) => answered?,
+    };
+    decision(
+        response.outcome.map(outcome_of).transpose()?,
+        response.decided_by,
+        response.local_reason,
+    )
+}
+
+fn stopped() -> Error {
+    Error::Unavailable("the hit stream's task stopped".to_owned())
+}
+
 /// How often an idle connection is pinged, and how long a ping may go unanswered before
 /// the connection counts as dead: a node that vanished without a word (a host power-off,
 /// a partition) fails the calls waiting on it, and the next call connects again.
@@ -469,97 +505,6 @@ fn channel(target: &Target, options: &Options) -> Result<Channel, Error> {
                 })),
             )
         }
-    }
-}
-
-/// Carries hits over one `HitStream` at a time: opens it for the first hit, sends every
-/// hit on it in order and hands each reply to the hit sent at the same place in that
-/// order. When the stream breaks, the hits waiting on it fail and the next hit opens a new
-/// one. Ends when every [`Client`] clone is gone and no reply is due.
-async fn run_stream(
-    client: FleetClient<Channel>,
-    mut jobs: mpsc::Receiver<Job>,
-    open_timeout: Duration,
-) {
-    while let Some(first) = jobs.recv().await {
-        // A caller that gave up before its turn needs no stream.
-        if first.reply.is_closed() {
-            continue;
-        }
-        let (requests, outgoing) = mpsc::unbounded_channel();
-        let mut waiting = Waiting::new();
-        let mut opener = client.clone();
-        let stream = tokio_stream::wrappers::UnboundedReceiverStream::new(outgoing);
-        let opened = tokio::time::timeout(open_timeout, opener.hit_stream(stream)).await;
-        let mut replies = match opened {
-            Ok(Ok(response)) => response.into_inner(),
-            Ok(Err(status)) => {
-                let _ = first.reply.send(Err(Error::from(status)));
-                continue;
-            }
-            Err(_) => {
-                let error = Error::Unavailable(format!("no stream within {open_timeout:?}"));
-                let _ = first.reply.send(Err(error));
-                continue;
-            }
-        };
-        // Sent once the stream is open, with what is left of its deadline then.
-        first.send(&requests, &mut waiting);
-        let mut accepting = true;
-        loop {
-            tokio::select! {
-                job = jobs.recv(), if accepting && waiting.len() < IN_FLIGHT_MAX => match job {
-                    Some(job) => job.send(&requests, &mut waiting),
-                    // Every client is gone: collect the replies still due, then stop.
-                    None if waiting.is_empty() => return,
-                    None => accepting = false,
-                },
-                reply = replies.next() => match reply {
-                    Some(Ok(reply)) => {
-                        // A reply beyond the hits sent: the stream cannot be trusted, and
-                        // the next hit opens another.
-                        let Some(waiter) = waiting.pop_front() else {
-                            break;
-                        };
-                        let _ = waiter.send(result_of(reply));
-                        if !accepting && waiting.is_empty() {
-                            return;
-                        }
-                    }
-                    Some(Err(status)) => {
-                        fail_all(&mut waiting, &Error::from(status));
-                        break;
-                    }
-                    None => {
-                        let error = Error::Unavailable("the node closed the hit stream".to_owned());
-                        fail_all(&mut waiting, &error);
-                        break;
-                    }
-                },
-            }
-        }
-        if !accepting {
-            return;
-        }
-    }
-}
-
-fn fail_all(waiting: &mut Waiting, error: &Error) {
-    for waiter in waiting.drain(..) {
-        let _ = waiter.send(Err(error.clone()));
-    }
-}
-
-fn result_of(reply: pb::HitStreamReply) -> Result<pb::HitResponse, Error> {
-    match reply.result {
-        Some(pb::hit_stream_reply::Result::Response(response)) => Ok(response),
-        Some(pb::hit_stream_reply::Result::Error(error)) => {
-            let code = tonic::Code::from(i32::try_from(error.code).unwrap_or(i32::MAX));
-            Err(Error::from(tonic::Status::new(code, error.message)))
-        }
-        None => Err(Error::Protocol(
-            "a stream reply with neither answer nor error".to_owned(),
-        )),
     }
 }
 
