@@ -1,8 +1,8 @@
 //! `Fleet/HitBatch`: many hits per message, answers by the caller's ids, in any order.
 //!
 //! A frame is split once, in its order: hits that do not validate are answered at once by
-//! id; each run of consecutive hits that route to the fleet alone and share a timeout goes
-//! to the node as one group ([`Node::hit_fleet_group`]: one proposer unit, one deadline);
+//! id; each run of consecutive hits that route to the fleet alone and share a deadline
+//! ([`shares_deadline`]) goes to the node as one group ([`Node::hit_fleet_group`]: one proposer unit, one deadline);
 //! each run of the others (node scope, mixed scopes) is decided hit by hit. Each group
 //! leaves as one reply message as soon as it is decided, with one metrics update. A stream
 //! reads no further frame while [`HIT_BATCH_HITS_IN_FLIGHT_MAX`] hits could be passed, so
@@ -38,12 +38,46 @@ pub type BatchReplies = Pin<Box<dyn Stream<Item = Result<pb::HitBatchReply, Stat
 /// Answers of one group, by the caller's ids.
 type Answers = Vec<(u64, Result<pb::HitResponse, Status>)>;
 
-/// Consecutive hits of a frame decided together: fleet-scoped ones with one timeout
-/// (`fleet_timeout`: one proposer unit), or the others, each decided on its own.
+/// Consecutive hits of a frame decided together: fleet-scoped ones whose timeouts are
+/// within [`shares_deadline`] of each other (`fleet_timeout`, the shortest of them: one
+/// proposer unit, one deadline), or the others, each decided on its own.
 struct Run {
     fleet_timeout: Option<Duration>,
+    /// The longest timeout of the run's fleet-scoped hits.
+    longest: Duration,
     ids: Vec<u64>,
     inputs: Vec<HitInput>,
+}
+
+impl Run {
+    /// Whether a hit with this route and timeout joins the run.
+    fn takes(&self, fleet_only: bool, timeout: Duration) -> bool {
+        match self.fleet_timeout {
+            Some(shortest) if fleet_only => {
+                shares_deadline(shortest.min(timeout), self.longest.max(timeout))
+            }
+            Some(_) => false,
+            None => !fleet_only,
+        }
+    }
+
+    fn push(&mut self, id: u64, input: HitInput) {
+        if let Some(shortest) = &mut self.fleet_timeout {
+            *shortest = (*shortest).min(input.timeout);
+            self.longest = self.longest.max(input.timeout);
+        }
+        self.ids.push(id);
+        self.inputs.push(input);
+    }
+}
+
+/// Whether fleet-scoped hits with timeouts from `shortest` to `longest` share one deadline,
+/// the shortest's: a tenth of it apart at most (at least 2 ms). An edge client that sends
+/// each hit with what is left of its own deadline gives hits gathered together timeouts a
+/// few milliseconds apart; one deadline for them all keeps them one unit, and a hit then
+/// falls back at most that much before its own deadline, never after it.
+fn shares_deadline(shortest: Duration, longest: Duration) -> bool {
+    longest - shortest <= (shortest / 10).max(Duration::from_millis(2))
 }
 
 /// One stream's frames being read and its groups being decided.
@@ -147,15 +181,14 @@ impl Frames {
             match validate::hit(hit, self.defaults) {
                 Err(e) => refused_hits.push((batched.id, Err(invalid(e)))),
                 Ok(input) => {
-                    let fleet_timeout =
-                        (route(&input) == Route::FleetOnly).then_some(input.timeout);
+                    let fleet_only = route(&input) == Route::FleetOnly;
                     match runs.last_mut() {
-                        Some(run) if run.fleet_timeout == fleet_timeout => {
-                            run.ids.push(batched.id);
-                            run.inputs.push(input);
+                        Some(run) if run.takes(fleet_only, input.timeout) => {
+                            run.push(batched.id, input);
                         }
                         _ => runs.push(Run {
-                            fleet_timeout,
+                            fleet_timeout: fleet_only.then_some(input.timeout),
+                            longest: input.timeout,
                             ids: vec![batched.id],
                             inputs: vec![input],
                         }),
@@ -182,6 +215,7 @@ impl Frames {
                         fleet_timeout,
                         ids,
                         inputs,
+                        ..
                     } = run;
                     let _call = match call {
                         Ok(call) => call,
@@ -285,4 +319,20 @@ pub fn answer_result(answer: pb::BatchedAnswer) -> (u64, Result<pb::HitResponse,
         None => Err(Status::internal("a HitBatch answer without a result")),
     };
     (answer.id, result)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn timeouts_a_tenth_apart_share_a_deadline_and_no_further() {
+        let ms = Duration::from_millis;
+        assert!(shares_deadline(ms(300), ms(300)));
+        assert!(shares_deadline(ms(300), ms(330)));
+        assert!(!shares_deadline(ms(300), ms(331)));
+        // Short timeouts still group a couple of milliseconds apart.
+        assert!(shares_deadline(ms(5), ms(7)));
+        assert!(!shares_deadline(ms(5), ms(8)));
+    }
 }
