@@ -14,13 +14,13 @@ use std::time::Duration;
 pub const API_MESSAGE_BYTES_MAX: usize = 16 * 1024;
 
 /// The largest `HitBatch` request message the edge API decodes (a frame of many hits; each
-/// hit in it still at most [`API_MESSAGE_BYTES_MAX`]). The `Fleet` service's transport
-/// limit is this one, and `api::wire` holds every other `Fleet` request to
-/// [`API_MESSAGE_BYTES_MAX`] before decoding it.
+/// hit in it still at most [`API_MESSAGE_BYTES_MAX`], checked by `api::wire` before the
+/// message is decoded). `HitBatch`'s transport limit; every other `Fleet` method keeps
+/// [`API_MESSAGE_BYTES_MAX`] (`api::batch::FleetRoutes`).
 pub const HIT_BATCH_MESSAGE_BYTES_MAX: usize = 1024 * 1024;
 
 /// The most hits one `HitBatch` request message may carry; one more refuses the message
-/// (INVALID_ARGUMENT naming `hits`).
+/// before it is decoded and ends the stream (INVALID_ARGUMENT naming `hits`).
 pub const HIT_BATCH_HITS_MAX: usize = 1024;
 
 /// Hits one `HitBatch` stream may have being decided at once: the stream reads no further

@@ -543,10 +543,8 @@ fn serve_api(
     (listener, socket): (TcpListener, Option<UnixSocket>),
     stopped: watch::Receiver<bool>,
 ) -> Result<impl std::future::Future<Output = ()> + Send + 'static, StartError> {
-    // A `HitBatch` frame's limit; `api::wire` holds every other Fleet request to
-    // API_MESSAGE_BYTES_MAX before it decodes it.
-    let fleet = pb::fleet_server::FleetServer::new(fleet)
-        .max_decoding_message_size(limits::HIT_BATCH_MESSAGE_BYTES_MAX);
+    // `HitBatch` with a frame's transport limit, every other method with one hit's.
+    let fleet = crate::api::batch::FleetRoutes::new(fleet);
     let envoy =
         RateLimitServiceServer::new(envoy).max_decoding_message_size(limits::API_MESSAGE_BYTES_MAX);
     let router = |tls: Option<tonic::transport::ServerTlsConfig>, calls: CallsLayer| {

@@ -2,11 +2,14 @@
 //!
 //! A frame is split once, in its order: hits that do not validate are answered at once by
 //! id; each run of consecutive hits that route to the fleet alone and share a deadline
-//! ([`shares_deadline`]) goes to the node as one group ([`Node::hit_fleet_group`]: one proposer unit, one deadline);
-//! each run of the others (node scope, mixed scopes) is decided hit by hit. Each group
-//! leaves as one reply message as soon as it is decided, with one metrics update. A stream
-//! reads no further frame while [`HIT_BATCH_HITS_IN_FLIGHT_MAX`] hits could be passed, so
-//! HTTP/2 flow control holds the edge back.
+//! ([`shares_deadline`]) goes to the node as one group ([`Node::hit_fleet_group`]: one
+//! proposer unit, one deadline); each other hit (node scope, mixed scopes) is a group of
+//! its own. Each group leaves as one reply message as soon as it is decided, with one
+//! metrics update. A stream reads no further frame while [`HIT_BATCH_HITS_IN_FLIGHT_MAX`]
+//! hits could be passed, so HTTP/2 flow control holds the edge back.
+//!
+//! [`FleetRoutes`] serves the `Fleet` service with a transport limit per method: a
+//! `HitBatch` message may be a frame's size, every other request one hit's.
 
 use std::collections::HashMap;
 use std::pin::Pin;
@@ -16,21 +19,25 @@ use std::time::{Duration, Instant};
 use futures::future::BoxFuture;
 use futures::stream::FuturesUnordered;
 use futures::{Stream, StreamExt};
-use prost::Message;
 use tonic::{Status, Streaming};
 
 use super::drain::DrainGate;
 use super::validate::{self, RequestDefaults};
+use super::FleetService;
 use super::{
     call_error, call_status, decider_label, error_label, hit_outcome_label, hit_response, invalid,
     status_of,
 };
-use crate::limits::{API_MESSAGE_BYTES_MAX, HIT_BATCH_HITS_IN_FLIGHT_MAX, HIT_BATCH_HITS_MAX};
+use crate::limits::{
+    API_MESSAGE_BYTES_MAX, HIT_BATCH_HITS_IN_FLIGHT_MAX, HIT_BATCH_HITS_MAX,
+    HIT_BATCH_MESSAGE_BYTES_MAX,
+};
 use crate::node::frame::HitResult;
 use crate::node::request::HitInput;
 use crate::node::route::{route, Route};
 use crate::node::Node;
 use crate::pb;
+use crate::pb::fleet_server::FleetServer;
 
 /// The stream of `HitBatch` replies.
 pub type BatchReplies = Pin<Box<dyn Stream<Item = Result<pb::HitBatchReply, Status>> + Send>>;
@@ -38,9 +45,9 @@ pub type BatchReplies = Pin<Box<dyn Stream<Item = Result<pb::HitBatchReply, Stat
 /// Answers of one group, by the caller's ids.
 type Answers = Vec<(u64, Result<pb::HitResponse, Status>)>;
 
-/// Consecutive hits of a frame decided together: fleet-scoped ones whose timeouts are
+/// Hits of a frame decided together: consecutive fleet-scoped ones whose timeouts are
 /// within [`shares_deadline`] of each other (`fleet_timeout`, the shortest of them: one
-/// proposer unit, one deadline), or the others, each decided on its own.
+/// proposer unit, one deadline), or one hit routed otherwise (node scope, mixed scopes).
 struct Run {
     fleet_timeout: Option<Duration>,
     /// The longest timeout of the run's fleet-scoped hits.
@@ -56,8 +63,9 @@ impl Run {
             Some(shortest) if fleet_only => {
                 shares_deadline(shortest.min(timeout), self.longest.max(timeout))
             }
-            Some(_) => false,
-            None => !fleet_only,
+            // Each hit routed otherwise is a group of its own: its answer must not wait
+            // for another's deadline.
+            Some(_) | None => false,
         }
     }
 
@@ -151,33 +159,27 @@ async fn next_message(
 impl Frames {
     /// Splits one frame into its groups and starts them.
     fn take(&mut self, frame: pb::HitBatchRequest) {
-        let count = frame.hits.len();
-        if count > HIT_BATCH_HITS_MAX {
-            let refused = invalid(validate::InvalidArgument {
-                field: "hits".to_owned(),
-                reason: format!("{count} hits in one message, at most {HIT_BATCH_HITS_MAX}"),
-            });
-            let answers = frame
-                .hits
-                .iter()
-                .map(|batched| (batched.id, Err(refused.clone())))
-                .collect();
-            self.start(count, Box::pin(async move { (count, answers) }));
+        // `api::wire` refused a message of more hits, or with a hit over its limit.
+        debug_assert!(frame.hits.len() <= HIT_BATCH_HITS_MAX);
+        if let Err(refused) = self.gate.enter() {
+            // Draining: every hit is refused, as a unary Hit would be before it is read.
+            let ids = frame.hits.iter().map(|batched| batched.id).collect();
+            let hits = frame.hits.len();
+            let answers = refuse_all(ids, &refused);
+            self.start(hits, Box::pin(async move { (hits, answers) }));
             return;
         }
         let mut refused_hits: Answers = Vec::new();
         let mut runs: Vec<Run> = Vec::new();
         for batched in frame.hits {
-            let hit = batched.hit.unwrap_or_default();
-            let bytes = hit.encoded_len();
-            if bytes > API_MESSAGE_BYTES_MAX {
-                // One hit's own limit, as a unary Hit meets it at the transport.
-                let refused = Status::out_of_range(format!(
-                    "hit: {bytes} bytes, the limit is: {API_MESSAGE_BYTES_MAX} bytes"
-                ));
-                refused_hits.push((batched.id, Err(refused)));
+            let Some(hit) = batched.hit else {
+                let missing = validate::InvalidArgument {
+                    field: "hit".to_owned(),
+                    reason: "must be set".to_owned(),
+                };
+                refused_hits.push((batched.id, Err(invalid(missing))));
                 continue;
-            }
+            };
             match validate::hit(hit, self.defaults) {
                 Err(e) => refused_hits.push((batched.id, Err(invalid(e)))),
                 Ok(input) => {
@@ -319,6 +321,63 @@ pub fn answer_result(answer: pb::BatchedAnswer) -> (u64, Result<pb::HitResponse,
         None => Err(Status::internal("a HitBatch answer without a result")),
     };
     (answer.id, result)
+}
+
+/// The `Fleet` service as the node serves it: `HitBatch` with a frame's transport limit
+/// ([`HIT_BATCH_MESSAGE_BYTES_MAX`]), every other method with one request's
+/// ([`API_MESSAGE_BYTES_MAX`]), so a request over its limit is refused from its length
+/// prefix, before any of it is buffered.
+#[derive(Clone)]
+pub struct FleetRoutes {
+    single: FleetServer<FleetService>,
+    batch: FleetServer<FleetService>,
+}
+
+impl FleetRoutes {
+    pub fn new(fleet: FleetService) -> Self {
+        let fleet = Arc::new(fleet);
+        Self {
+            single: FleetServer::from_arc(fleet.clone())
+                .max_decoding_message_size(API_MESSAGE_BYTES_MAX),
+            batch: FleetServer::from_arc(fleet)
+                .max_decoding_message_size(HIT_BATCH_MESSAGE_BYTES_MAX),
+        }
+    }
+}
+
+/// The path of `Fleet/HitBatch`.
+const HIT_BATCH_PATH: &str = "/ankusa.fleet.v1.Fleet/HitBatch";
+
+impl<B> tower::Service<http::Request<B>> for FleetRoutes
+where
+    FleetServer<FleetService>: tower::Service<http::Request<B>>,
+{
+    type Response = <FleetServer<FleetService> as tower::Service<http::Request<B>>>::Response;
+    type Error = <FleetServer<FleetService> as tower::Service<http::Request<B>>>::Error;
+    type Future = <FleetServer<FleetService> as tower::Service<http::Request<B>>>::Future;
+
+    fn poll_ready(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        // Both are always ready (tonic's generated servers are).
+        match self.single.poll_ready(cx) {
+            std::task::Poll::Ready(Ok(())) => self.batch.poll_ready(cx),
+            other => other,
+        }
+    }
+
+    fn call(&mut self, request: http::Request<B>) -> Self::Future {
+        if request.uri().path() == HIT_BATCH_PATH {
+            self.batch.call(request)
+        } else {
+            self.single.call(request)
+        }
+    }
+}
+
+impl tonic::server::NamedService for FleetRoutes {
+    const NAME: &'static str = pb::fleet_server::SERVICE_NAME;
 }
 
 #[cfg(test)]

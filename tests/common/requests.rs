@@ -440,6 +440,19 @@ impl HitBatch {
         answers
     }
 
+    /// The status the stream ended with. Panics if a reply came instead.
+    pub async fn ended(&mut self) -> tonic::Status {
+        match self.reply().await {
+            Ok(answers) => panic!("answers instead of the stream's end: {answers:?}"),
+            Err(status) => status,
+        }
+    }
+
+    /// The sender of raw frames, for a message `send` would not build.
+    pub fn frames(&self) -> &tokio::sync::mpsc::Sender<pb::HitBatchRequest> {
+        &self.frames
+    }
+
     /// Sends one hit in a frame of its own and waits for its answer.
     pub async fn hit(&mut self, request: pb::HitRequest) -> BatchAnswer {
         self.send(vec![(0, request)]).await;

@@ -266,17 +266,35 @@ async fn a_frame_without_a_quorum_answers_each_hit_by_its_own_deadline() {
     let mut batch = HitBatch::open(&mut client).await;
     const SHORT_MS: u32 = 100;
     const LONG_MS: u32 = 1_500;
+    // A node-scoped hit behind a fleet hit with a long timeout: decided at once, and not
+    // held back by it.
+    let node_scoped = pb::HitRequest {
+        rate_limit_scope: pb::Scope::Node as i32,
+        dedupe_scope: pb::Scope::Node as i32,
+        ..claim_hit("frame", "node", "hook-4", LONG_MS)
+    };
     let started = Instant::now();
     batch
         .send(vec![
             (1, claim_hit("frame", "short-1", "hook-1", SHORT_MS)),
             (2, claim_hit("frame", "short-2", "hook-2", SHORT_MS)),
             (3, claim_hit("frame", "long", "hook-3", LONG_MS)),
+            (4, node_scoped),
         ])
         .await;
-    let answers = batch.answers(3).await;
+    let answers = batch.answers(4).await;
     let elapsed = started.elapsed();
-    for (id, (_, answer)) in &answers {
+    let node = answers[&4].1.as_ref().expect("answered");
+    assert_eq!(
+        (outcome(node), node.local_reason.as_str()),
+        (Outcome::Allowed, "node scope"),
+        "{node:?}"
+    );
+    assert!(
+        answers[&4].0 < answers[&3].0,
+        "the node-scoped hit is not held back by the long one: {answers:?}"
+    );
+    for (id, (_, answer)) in answers.iter().filter(|(id, _)| **id != 4) {
         let response = answer.as_ref().expect("answered");
         assert_eq!(
             outcome(response),

@@ -149,9 +149,9 @@ async fn a_frame_decides_each_hit_in_its_own_scope() {
     }
 }
 
-/// One hit over the single-hit limit is refused by id and the others go on; a frame of too
-/// many hits is refused hit by hit naming `hits`; a message over the frame limit ends the
-/// stream, its status naming the limit.
+/// A hit without its request is refused by id and the others go on; a message with a hit
+/// over one hit's limit, or with too many hits, or over the frame's limit ends the stream,
+/// its status naming the limit, and nothing of it is decided.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_frame_holds_each_hit_and_itself_to_their_limits() {
     init_tracing();
@@ -159,25 +159,47 @@ async fn a_frame_holds_each_hit_and_itself_to_their_limits() {
     let leader = fleet.wait_for_leader(&[1, 2, 3]).await;
     let mut client = fleet.client(leader).await;
     let mut batch = HitBatch::open(&mut client).await;
-    let oversized = "k".repeat(API_MESSAGE_BYTES_MAX + 1);
     batch
-        .send(vec![
-            (1, hit(vec![], Some(claim("limits", &oversized, "hook-1")))),
-            (2, hit(vec![], Some(claim("limits", "evt-2", "hook-2")))),
-        ])
-        .await;
+        .frames()
+        .send(pb::HitBatchRequest {
+            hits: vec![
+                pb::BatchedHit { id: 1, hit: None },
+                pb::BatchedHit {
+                    id: 2,
+                    hit: Some(hit(vec![], Some(claim("limits", "evt-2", "hook-2")))),
+                },
+            ],
+        })
+        .await
+        .expect("the stream takes frames");
     let answers = batch.answers(2).await;
-    let refused = answers[&1].1.as_ref().expect_err("over one hit's limit");
-    assert_eq!(refused.code(), tonic::Code::OutOfRange, "{refused:?}");
-    assert!(
-        refused
-            .message()
-            .contains(&format!("the limit is: {API_MESSAGE_BYTES_MAX} bytes")),
-        "{refused:?}"
-    );
+    let refused = answers[&1]
+        .1
+        .as_ref()
+        .expect_err("a hit without its request");
+    assert_eq!(refused.code(), tonic::Code::InvalidArgument, "{refused:?}");
+    assert!(refused.message().starts_with("hit: "), "{refused:?}");
     let taken = answers[&2].1.as_ref().expect("the other hit goes on");
     assert_eq!(outcome(taken), Outcome::Allowed, "{taken:?}");
 
+    let oversized = "k".repeat(API_MESSAGE_BYTES_MAX + 1);
+    batch
+        .send(vec![
+            (1, hit(vec![], Some(claim("limits", "evt-3", "hook-3")))),
+            (2, hit(vec![], Some(claim("limits", &oversized, "hook-4")))),
+        ])
+        .await;
+    let ended = batch.ended().await;
+    assert_eq!(ended.code(), tonic::Code::OutOfRange, "{ended:?}");
+    assert!(
+        ended.message().starts_with("hits[1].hit: ")
+            && ended
+                .message()
+                .contains(&format!("the limit is: {API_MESSAGE_BYTES_MAX} bytes")),
+        "{ended:?}"
+    );
+
+    let mut batch = HitBatch::open(&mut client).await;
     let count = HIT_BATCH_HITS_MAX + 1;
     let too_many = (0..count as u64)
         .map(|i| {
@@ -188,26 +210,11 @@ async fn a_frame_holds_each_hit_and_itself_to_their_limits() {
         })
         .collect();
     batch.send(too_many).await;
-    let answers = batch.answers(count).await;
-    for (id, (_, answer)) in &answers {
-        let refused = answer.as_ref().expect_err("a frame over the hit count");
-        assert_eq!(
-            refused.code(),
-            tonic::Code::InvalidArgument,
-            "{id}: {refused:?}"
-        );
-        assert!(refused.message().starts_with("hits: "), "{id}: {refused:?}");
-    }
-    let probe = batch
-        .hit(hit(vec![], Some(claim("limits", "many-0", "hook-probe"))))
-        .await
-        .expect("the stream goes on");
-    assert_eq!(
-        outcome(&probe),
-        Outcome::Allowed,
-        "no hit of the refused frame took its claim: {probe:?}"
-    );
+    let ended = batch.ended().await;
+    assert_eq!(ended.code(), tonic::Code::InvalidArgument, "{ended:?}");
+    assert!(ended.message().starts_with("hits: "), "{ended:?}");
 
+    let mut batch = HitBatch::open(&mut client).await;
     // Each hit within its own limit, together past the frame's.
     let key = "k".repeat(API_MESSAGE_BYTES_MAX - 1024);
     let hits_to_pass = HIT_BATCH_MESSAGE_BYTES_MAX / key.len() + 2;
@@ -215,10 +222,7 @@ async fn a_frame_holds_each_hit_and_itself_to_their_limits() {
         .map(|i| (i, hit(vec![], Some(claim("limits", &key, "hook")))))
         .collect();
     batch.send(huge).await;
-    let ended = batch
-        .reply()
-        .await
-        .expect_err("a message over the frame limit");
+    let ended = batch.ended().await;
     assert_eq!(ended.code(), tonic::Code::OutOfRange, "{ended:?}");
     assert!(
         ended.message().contains(&format!(
@@ -226,4 +230,20 @@ async fn a_frame_holds_each_hit_and_itself_to_their_limits() {
         )),
         "{ended:?}"
     );
+
+    let mut batch = HitBatch::open(&mut client).await;
+    let probe = batch
+        .hit(hit(vec![], Some(claim("limits", "evt-3", "hook-probe"))))
+        .await
+        .expect("a new stream is served");
+    assert_eq!(
+        outcome(&probe),
+        Outcome::Allowed,
+        "no hit of a refused message took its claim: {probe:?}"
+    );
+    let probe = batch
+        .hit(hit(vec![], Some(claim("limits", "many-0", "hook-probe"))))
+        .await
+        .expect("answered");
+    assert_eq!(outcome(&probe), Outcome::Allowed, "{probe:?}");
 }

@@ -1,7 +1,7 @@
 //! Contract §9, last rule: a message over the API's size limit is refused by the transport
 //! before it is read, its status naming the limit; the node's own validation never sees it.
 
-use ankusa_fleet::limits::API_MESSAGE_BYTES_MAX;
+use ankusa_fleet::limits::{API_MESSAGE_BYTES_MAX, HIT_BATCH_MESSAGE_BYTES_MAX};
 
 use super::*;
 
@@ -32,6 +32,20 @@ async fn a_message_over_the_size_limit_is_refused_by_the_transport_naming_it() {
             .await
             .expect_err("an oversized hit is refused");
         assert_refused_by_size(&status, "hit");
+        // Far over it but within a HitBatch frame's limit: still one request's limit,
+        // refused from the length prefix.
+        let status = client
+            .hit(hit(
+                vec![ghost_charge()],
+                Some(claim(
+                    GHOST,
+                    &long(HIT_BATCH_MESSAGE_BYTES_MAX / 2),
+                    GHOST_HOOK,
+                )),
+            ))
+            .await
+            .expect_err("a hit of half a frame is refused");
+        assert_refused_by_size(&status, "hit of half a frame");
         let status = client
             .settle(settle(
                 GHOST,
