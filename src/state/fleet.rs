@@ -5,6 +5,7 @@
 //!
 //! No IO and no clock: time comes from the caller (the log entry's stamp).
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, BinaryHeap, HashMap};
 use std::hash::Hash;
 use std::sync::Arc;
@@ -356,7 +357,9 @@ impl FleetState {
         }
     }
 
-    pub(super) fn set_bucket(&mut self, bucket: BucketKey, tat_us: u64) {
+    /// Sets a bucket's TAT. A borrowed key is cloned only when the bucket is new: a charge
+    /// of a bucket that exists (most of them) allocates nothing.
+    pub(super) fn set_bucket(&mut self, bucket: Cow<'_, BucketKey>, tat_us: u64) {
         let buckets = &mut self.buckets;
         if let Some(added) = store(
             buckets,
@@ -370,7 +373,8 @@ impl FleetState {
         }
     }
 
-    pub(super) fn set_claim(&mut self, key: ClaimKey, record: ClaimRecord) {
+    /// Sets a claim's record; a borrowed key is cloned only when the claim is new.
+    pub(super) fn set_claim(&mut self, key: Cow<'_, ClaimKey>, record: ClaimRecord) {
         let expires_at_us = record.expires_at_us;
         let claims = &mut self.claims;
         if let Some(added) = store(
@@ -402,7 +406,7 @@ impl FleetState {
     /// Sets a bucket's TAT directly (the local fallback seeds its buckets this way).
     pub fn seed_bucket(&mut self, bucket: BucketKey, tat_us: u64) {
         if tat_us > self.clock_us {
-            self.set_bucket(bucket, tat_us);
+            self.set_bucket(Cow::Owned(bucket), tat_us);
         }
     }
 
@@ -412,7 +416,7 @@ impl FleetState {
     pub fn refund_bucket(&mut self, bucket: &BucketKey, increment_us: u64) {
         if let Some(tat_us) = self.bucket_tat_us(bucket) {
             let refunded = tat_us.saturating_sub(increment_us).max(self.clock_us);
-            self.set_bucket(bucket.clone(), refunded);
+            self.set_bucket(Cow::Borrowed(bucket), refunded);
         }
     }
 
@@ -466,10 +470,10 @@ impl FleetState {
             ..FleetState::default()
         };
         for (bucket, tat_us) in image.buckets {
-            state.set_bucket(bucket, tat_us);
+            state.set_bucket(Cow::Owned(bucket), tat_us);
         }
         for (key, record) in image.claims {
-            state.set_claim(key, record);
+            state.set_claim(Cow::Owned(key), record);
         }
         state.absorbed = image.absorbed.into_iter().collect();
         state.advance_clock(image.clock_us);
@@ -518,16 +522,16 @@ impl Ord for Due {
 /// Stores `value` under `key`; queues an expiry entry only for a new key or an earlier
 /// deadline (a later one is re-queued when the current entry pops, see [`sweep_one`]).
 /// Returns the key when it is new.
-fn store<K: Hash + Eq, V: Clone>(
+fn store<K: Hash + Eq + Clone, V: Clone>(
     map: &mut Sharded<Arc<K>, Slot<V>>,
     expiry: &mut ExpiryQueue,
-    key: K,
+    key: Cow<'_, K>,
     value: V,
     deadline_us: u64,
     expiring: fn(Arc<K>) -> Expiring,
 ) -> Option<Arc<K>> {
-    let hash = map.hash_of(&key);
-    match map.get_key_value_mut_hashed(hash, &key) {
+    let hash = map.hash_of(&*key);
+    match map.get_key_value_mut_hashed(hash, &*key) {
         Some((stored, slot)) => {
             slot.value = value;
             if deadline_us < slot.queued_us {
@@ -541,7 +545,7 @@ fn store<K: Hash + Eq, V: Clone>(
             None
         }
         None => {
-            let key = Arc::new(key);
+            let key = Arc::new(key.into_owned());
             expiry.push(Due {
                 deadline_us,
                 hash,

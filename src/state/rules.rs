@@ -7,6 +7,8 @@
 //! (or, for node-local state, from the caller). Every replica that applies the same entries
 //! reaches the same state and the same answers.
 
+use std::borrow::Cow;
+
 use super::fleet::FleetState;
 use super::model::{
     Answer, BucketKey, Charge, ClaimKey, ClaimRecord, ClaimRequest, ClaimState, Command, HitAnswer,
@@ -173,7 +175,7 @@ fn absorb(state: &mut FleetState, charges: &[Charge], now_us: u64, limits: &Stat
         let ceiling_us = now_us.saturating_add(charge.capacity_us);
         let new_tat_us = tat_us.saturating_add(charge.increment_us).min(ceiling_us);
         if new_tat_us > now_us {
-            state.set_bucket(charge.bucket.clone(), new_tat_us);
+            state.set_bucket(Cow::Borrowed(&charge.bucket), new_tat_us);
         }
     }
 }
@@ -264,7 +266,7 @@ fn hit(
     }
     room_for_buckets(state, charges, limits)?;
     for (charge, new_tat_us) in charges.iter().zip(new_tats_us) {
-        state.set_bucket(charge.bucket.clone(), new_tat_us);
+        state.set_bucket(Cow::Borrowed(&charge.bucket), new_tat_us);
     }
     if let Some(claim) = claim {
         let record = ClaimRecord {
@@ -274,7 +276,7 @@ fn hit(
             expires_at_us: now_us.saturating_add(claim.pending_ttl_ms.saturating_mul(US_PER_MS)),
             ttl_ms: claim.ttl_ms,
         };
-        state.set_claim(claim.key.clone(), record);
+        state.set_claim(Cow::Borrowed(&claim.key), record);
     }
     Ok(HitAnswer::Allowed)
 }
@@ -312,7 +314,7 @@ fn commit(
             expires_at_us: now_us.saturating_add(settle_ttl_ms.saturating_mul(US_PER_MS)),
             ttl_ms: settle_ttl_ms,
         };
-        state.set_claim(key.clone(), record);
+        state.set_claim(Cow::Borrowed(key), record);
         return Ok(SettleAnswer::Recreated);
     };
     if record.hook_id != *hook_id {
@@ -326,7 +328,7 @@ fn commit(
             expires_at_us: now_us.saturating_add(record.ttl_ms.saturating_mul(US_PER_MS)),
             ..record
         };
-        state.set_claim(key.clone(), committed);
+        state.set_claim(Cow::Borrowed(key), committed);
     }
     Ok(SettleAnswer::Settled)
 }
