@@ -200,8 +200,19 @@ impl FleetState {
 
     /// A bucket's TAT, if it is live at the current clock.
     pub fn bucket_tat_us(&self, bucket: &BucketKey) -> Option<u64> {
+        self.bucket_tat_us_hashed(self.bucket_hash(bucket), bucket)
+    }
+
+    /// `bucket`'s hash in the bucket map, for the `*_hashed` calls: a charge looks its
+    /// bucket up and writes it back with one hash of its key.
+    pub(super) fn bucket_hash(&self, bucket: &BucketKey) -> u64 {
+        self.buckets.hash_of(bucket)
+    }
+
+    /// [`FleetState::bucket_tat_us`] with `hash` from [`FleetState::bucket_hash`].
+    pub(super) fn bucket_tat_us_hashed(&self, hash: u64, bucket: &BucketKey) -> Option<u64> {
         self.buckets
-            .get(bucket)
+            .get_hashed(hash, bucket)
             .map(|slot| slot.value)
             .filter(|tat_us| *tat_us > self.clock_us)
     }
@@ -360,10 +371,17 @@ impl FleetState {
     /// Sets a bucket's TAT. A borrowed key is cloned only when the bucket is new: a charge
     /// of a bucket that exists (most of them) allocates nothing.
     pub(super) fn set_bucket(&mut self, bucket: Cow<'_, BucketKey>, tat_us: u64) {
+        let hash = self.bucket_hash(&bucket);
+        self.set_bucket_hashed(hash, bucket, tat_us);
+    }
+
+    /// [`FleetState::set_bucket`] with `hash` from [`FleetState::bucket_hash`].
+    pub(super) fn set_bucket_hashed(&mut self, hash: u64, bucket: Cow<'_, BucketKey>, tat_us: u64) {
         let buckets = &mut self.buckets;
         if let Some(added) = store(
             buckets,
             &mut self.expiry,
+            hash,
             bucket,
             tat_us,
             tat_us,
@@ -377,9 +395,11 @@ impl FleetState {
     pub(super) fn set_claim(&mut self, key: Cow<'_, ClaimKey>, record: ClaimRecord) {
         let expires_at_us = record.expires_at_us;
         let claims = &mut self.claims;
+        let hash = claims.hash_of(&*key);
         if let Some(added) = store(
             claims,
             &mut self.expiry,
+            hash,
             key,
             record,
             expires_at_us,
@@ -519,18 +539,19 @@ impl Ord for Due {
     }
 }
 
-/// Stores `value` under `key`; queues an expiry entry only for a new key or an earlier
-/// deadline (a later one is re-queued when the current entry pops, see [`sweep_one`]).
-/// Returns the key when it is new.
+/// Stores `value` under `key` (whose hash in `map` is `hash`); queues an expiry entry only
+/// for a new key or an earlier deadline (a later one is re-queued when the current entry
+/// pops, see [`sweep_one`]). A borrowed key is cloned only when it is new. Returns the key
+/// when it is new.
 fn store<K: Hash + Eq + Clone, V: Clone>(
     map: &mut Sharded<Arc<K>, Slot<V>>,
     expiry: &mut ExpiryQueue,
+    hash: u64,
     key: Cow<'_, K>,
     value: V,
     deadline_us: u64,
     expiring: fn(Arc<K>) -> Expiring,
 ) -> Option<Arc<K>> {
-    let hash = map.hash_of(&*key);
     match map.get_key_value_mut_hashed(hash, &*key) {
         Some((stored, slot)) => {
             slot.value = value;
