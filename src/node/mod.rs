@@ -200,8 +200,17 @@ impl Node {
         command: Command,
         deadline: Instant,
     ) -> Result<Answer, NodeError> {
-        let encoded = EncodedCommand::encode(&command)?;
-        Ok(self.proposer.propose(encoded, deadline).await?)
+        self.propose_encoded(EncodedCommand::encode(&command)?, deadline)
+            .await
+    }
+
+    /// As [`Node::propose`], for a command encoded already (from a value the caller keeps).
+    async fn propose_encoded(
+        &self,
+        command: EncodedCommand,
+        deadline: Instant,
+    ) -> Result<Answer, NodeError> {
+        Ok(self.proposer.propose(command, deadline).await?)
     }
 
     pub(crate) async fn propose_hit(
@@ -413,7 +422,10 @@ impl Node {
                 self.local.sync().await?;
                 return settle_answer(answer).map(Decided::node_scope);
             }
-            Scope::Fleet => self.propose(command.clone(), deadline).await,
+            Scope::Fleet => match EncodedCommand::encode(&command) {
+                Ok(encoded) => self.propose_encoded(encoded, deadline).await,
+                Err(e) => Err(e.into()),
+            },
         };
         match answer {
             Err(e) if e.fleet_unavailable() => self.queue_settle(&input, &command, &e).await,
