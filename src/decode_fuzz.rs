@@ -21,8 +21,8 @@ use crate::local::settle_queue::QueuedSettle;
 use crate::raft::snapshot::{self, SnapshotBody};
 use crate::raft::{Entry, LogId, NodeId, ProposeRequest, ProposeResponse, TypeConfig};
 use crate::state::{
-    BucketKey, Charge, ClaimKey, ClaimRecord, ClaimRequest, ClaimState, Command, FleetRequest,
-    HookId, Kind, SettleOutcome, SourceId, TenantId,
+    BucketKey, Charge, ClaimKey, ClaimRecord, ClaimRequest, ClaimState, Command, EncodedCommand,
+    FleetRequest, HookId, Kind, SettleOutcome, SourceId, TenantId,
 };
 
 /// Cases per decoder: random bytes and mutations of a valid encoding, half each.
@@ -85,7 +85,7 @@ fn entry() -> Entry {
         payload: EntryPayload::Normal(FleetRequest {
             now_us: 1_700_000_000_000_000,
             limits: crate::state::StateLimits::UNLIMITED,
-            commands: Arc::from(commands()),
+            commands: Arc::from(EncodedCommand::encode_all(&commands()).expect("encode")),
         }),
     }
 }
@@ -210,10 +210,23 @@ fn peer_requests_never_panic() {
         decodes::<InstallSnapshotRequest<TypeConfig>>,
     );
     let propose = ProposeRequest {
-        commands: commands(),
+        commands: EncodedCommand::encode_all(&commands()).expect("encode"),
         timeout_ms: 1_000,
     };
     never_panics("Propose", valid(&propose), decodes::<ProposeRequest>);
+    // The bytes of one command, which the leader decodes to re-check a forwarded one, a
+    // follower to check an AppendEntries entry, and apply to apply it.
+    for (i, command) in commands().iter().enumerate() {
+        let bytes = EncodedCommand::encode(command)
+            .expect("encode")
+            .as_bytes()
+            .to_vec();
+        never_panics(&format!("command {i}"), bytes, |bytes| {
+            EncodedCommand::from_bytes(bytes.to_vec().into())
+                .decode()
+                .ok()
+        });
+    }
 }
 
 #[test]

@@ -9,7 +9,8 @@
 //!    [`node::request::HitInput`].
 //! 2. [`node`]: [`node::Node::hit`] takes the route [`node::route::route`] gives it:
 //!    node-scoped parts go to [`local::LocalEngine`], fleet-scoped parts become a
-//!    [`state::Command`] queued on the [`node::propose::Proposer`], and a fleet that does not
+//!    [`state::Command`], encoded once ([`state::EncodedCommand`]: every later hop carries
+//!    those bytes) and queued on the [`node::propose::Proposer`], and a fleet that does not
 //!    answer in time is answered for by [`local::Fallback`].
 //! 3. The batcher drains the queue into one batch; [`node::propose::Router`] commits it:
 //!    on the leader as one `Raft::client_write` of a [`state::FleetRequest`] stamped with the

@@ -18,7 +18,7 @@ use ankusa_fleet::pb::internal::{
     RemoveMemberRequest, SaveSnapshotRequest, SetFaultsRequest,
 };
 use ankusa_fleet::raft::{NodeId, ProposeRequest, ProposeResponse, TypeConfig};
-use ankusa_fleet::state::{Answer, ClaimKey, Command, Refusal, SettleOutcome};
+use ankusa_fleet::state::{Answer, ClaimKey, Command, EncodedCommand, Refusal, SettleOutcome};
 use common::*;
 use openraft::raft::{AppendEntriesRequest, InstallSnapshotRequest, VoteRequest};
 use openraft::Vote;
@@ -540,7 +540,7 @@ async fn propose_as(
 ) -> Vec<Answer> {
     let mut client = PeerClient::new(channel(addr, tls).await.expect("connect"));
     let request = ProposeRequest {
-        commands,
+        commands: EncodedCommand::encode_all(&commands).expect("encode"),
         timeout_ms: 5_000,
     };
     let message = RaftMessage {

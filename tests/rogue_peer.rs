@@ -3,7 +3,8 @@
 //! method, unary and on `Exchange`. Every node stays alive and the fleet still answers
 //! from the fleet afterwards. (With `[peer_tls]` such a process is refused at the
 //! handshake: tests/security.rs.) A forged snapshot, well formed on the outside, is refused
-//! before openraft sees it, and every node goes on applying.
+//! before openraft sees it, and every node goes on applying; so is an entry whose command
+//! does not decode.
 
 mod common;
 
@@ -345,6 +346,83 @@ async fn a_forged_snapshot_is_refused_by_field_and_every_node_keeps_applying() {
             "node {id}: {status:?}"
         );
         tracing::info!(id, applied, leader, "applying");
+    }
+    assert_exited_none(&mut fleet);
+}
+
+/// A forged `AppendEntries` under the leader's own vote whose entry holds a command that
+/// does not decode: the follower refuses it naming the command, before openraft (and so
+/// its log) sees the entry. Written, it could never be applied: the follower's Raft core
+/// would stop at apply, and again at every restart. Every node goes on applying.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_entry_whose_command_does_not_decode_is_refused_before_it_is_written() {
+    use ankusa_fleet::state::{Command, EncodedCommand, FleetRequest, StateLimits};
+    init_tracing();
+    let mut fleet = Fleet::start_plain(3, "").await;
+    let leader = fleet.wait_for_leader(&[1, 2, 3]).await;
+    fleet
+        .commit_claims(&[1, 2, 3], TENANT, &keys("before", 10), 4)
+        .await;
+    let follower = (1..=3).find(|id| *id != leader).expect("a follower");
+    let status = fleet.status(leader).await.expect("leader status");
+    let log_id = |index| LogId::new(CommittedLeaderId::new(status.term, leader), index);
+
+    tracing::info!(
+        follower,
+        "--- an entry with a sound command and one of garbage: refused by position"
+    );
+    let sound = EncodedCommand::encode(&Command::Reset {
+        tenant: TENANT.into(),
+    })
+    .expect("encode");
+    let garbage = EncodedCommand::from_bytes(vec![0x7f, 0xff, 0x01].into());
+    let entry = ankusa_fleet::raft::Entry {
+        log_id: log_id(status.last_applied + 1),
+        payload: openraft::EntryPayload::Normal(FleetRequest {
+            now_us: 1,
+            limits: StateLimits::UNLIMITED,
+            commands: vec![sound, garbage].into(),
+        }),
+    };
+    let request = AppendEntriesRequest::<TypeConfig> {
+        vote: Vote::new_committed(status.term, leader),
+        prev_log_id: Some(log_id(status.last_applied)),
+        entries: vec![entry],
+        leader_commit: None,
+    };
+    let message = RaftMessage {
+        cluster_id: "ankusa-fleet".to_owned(),
+        from_node_id: leader,
+        payload: codec::encode(&request).expect("encode"),
+    };
+    let mut client = peer_client(&fleet, follower).await;
+    let refused = tokio::time::timeout(Duration::from_secs(10), client.append_entries(message))
+        .await
+        .unwrap_or_else(|_| fleet.fail("no answer to AppendEntries"))
+        .expect_err("an entry with a command that does not decode was taken");
+    assert_eq!(refused.code(), tonic::Code::InvalidArgument, "{refused:?}");
+    assert!(
+        names_field(refused.message(), "entries[0].payload.commands[1]"),
+        "{refused:?}"
+    );
+
+    tracing::info!("--- every node applies past the leader's index at the time");
+    let index_then = status.last_applied;
+    fleet
+        .commit_claims(&[1, 2, 3], TENANT, &keys("after", 10), 4)
+        .await;
+    for id in 1..=3 {
+        fleet
+            .wait_for(&format!("node {id} applies past {index_then}"), || async {
+                let applied = fleet.last_applied(id).await?;
+                (applied > index_then).then_some(applied)
+            })
+            .await;
+        let status = fleet.status(id).await.expect("status");
+        assert!(
+            !status.degraded_reason.starts_with("raft core stopped"),
+            "node {id}: {status:?}"
+        );
     }
     assert_exited_none(&mut fleet);
 }

@@ -19,8 +19,8 @@ use ankusa_fleet::pb::internal::peer_client::PeerClient;
 use ankusa_fleet::pb::internal::RaftMessage;
 use ankusa_fleet::raft::{ProposeRequest, ProposeResponse};
 use ankusa_fleet::state::{
-    Answer, BucketKey, Charge, ClaimKey, ClaimRequest, Command, HitAnswer, Kind, Refusal,
-    SettleAnswer, SettleOutcome,
+    Answer, BucketKey, Charge, ClaimKey, ClaimRequest, Command, EncodedCommand, HitAnswer, Kind,
+    Refusal, SettleAnswer, SettleOutcome,
 };
 use common::*;
 
@@ -49,7 +49,7 @@ async fn forge_propose(raft_addr: &str, commands: Vec<Command>) -> ProposeRespon
         .await
         .expect("connect to raft_addr");
     let request = ProposeRequest {
-        commands,
+        commands: EncodedCommand::encode_all(&commands).expect("encode"),
         timeout_ms: 5_000,
     };
     let message = RaftMessage {

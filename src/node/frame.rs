@@ -8,7 +8,8 @@ use std::time::Duration;
 use super::{fleet_deadline, mismatched, Decided, Node, NodeError, HIT_RESERVE_MAX};
 use crate::config::PlantedBug;
 use crate::node::request::HitInput;
-use crate::state::{Answer, Command, HitAnswer};
+use crate::raft::ProposeRefusal;
+use crate::state::{Answer, EncodedCommand, HitAnswer};
 
 /// One hit's result, as [`Node::hit`] gives it.
 pub type HitResult = Result<Decided<HitAnswer>, NodeError>;
@@ -30,13 +31,15 @@ impl Node {
         let deadline = fleet_deadline(timeout, HIT_RESERVE_MAX);
         let commands = inputs
             .iter()
-            .map(|input| Command::Hit {
-                charges: input.charges.clone(),
-                claim: input.claim.clone(),
-                node: self.id,
-            })
-            .collect();
-        match self.proposer.propose_many(commands, deadline).await {
+            .map(|input| EncodedCommand::hit(&input.charges, input.claim.as_ref(), self.id))
+            .collect::<Result<Vec<_>, _>>();
+        let proposed = match commands {
+            Ok(commands) => self.proposer.propose_many(commands, deadline).await,
+            Err(e) => Err(ProposeRefusal::Fatal {
+                reason: format!("command: {e}"),
+            }),
+        };
+        match proposed {
             Ok(answers) => inputs
                 .iter()
                 .zip(answers)

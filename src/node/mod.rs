@@ -23,7 +23,8 @@ use crate::raft::log_store::DurableLog;
 use crate::raft::state_machine::{self, StateMachineStore};
 use crate::raft::{MemberNode, NodeId, ProposeRefusal, Raft};
 use crate::state::{
-    Answer, Charge, ClaimRequest, ClaimState, Command, HitAnswer, Refusal, SettleAnswer,
+    Answer, Charge, ClaimRequest, ClaimState, Command, EncodedCommand, HitAnswer, Refusal,
+    SettleAnswer,
 };
 use propose::Proposer;
 use request::{CheckRateInput, HitInput, ResetInput, Scope, SettleInput};
@@ -92,6 +93,15 @@ impl NodeError {
             self,
             NodeError::Unavailable { .. } | NodeError::Overloaded { .. }
         )
+    }
+}
+
+/// A command that does not encode (never one of the crate's: see `EncodedCommand::encode`).
+impl From<crate::codec::CodecError> for NodeError {
+    fn from(e: crate::codec::CodecError) -> Self {
+        NodeError::Fatal {
+            reason: format!("command: {e}"),
+        }
     }
 }
 
@@ -190,6 +200,16 @@ impl Node {
         command: Command,
         deadline: Instant,
     ) -> Result<Answer, NodeError> {
+        self.propose_encoded(EncodedCommand::encode(&command)?, deadline)
+            .await
+    }
+
+    /// As [`Node::propose`], for a command encoded already (from a value the caller keeps).
+    async fn propose_encoded(
+        &self,
+        command: EncodedCommand,
+        deadline: Instant,
+    ) -> Result<Answer, NodeError> {
         Ok(self.proposer.propose(command, deadline).await?)
     }
 
@@ -198,7 +218,18 @@ impl Node {
         command: Command,
         deadline: Instant,
     ) -> Result<HitAnswer, NodeError> {
-        match self.propose(command, deadline).await? {
+        self.propose_encoded_hit(EncodedCommand::encode(&command)?, deadline)
+            .await
+    }
+
+    /// As [`Node::propose_hit`], for a command encoded already: a hit encoded from the
+    /// caller's input (`EncodedCommand::hit`), which the fallback may still need.
+    async fn propose_encoded_hit(
+        &self,
+        command: EncodedCommand,
+        deadline: Instant,
+    ) -> Result<HitAnswer, NodeError> {
+        match self.proposer.propose(command, deadline).await? {
             Answer::Hit(answer) => Ok(answer),
             Answer::Refused(refusal) => Err(NodeError::Refused { refusal }),
             other => Err(mismatched(&other)),
@@ -259,12 +290,8 @@ impl Node {
                 self.local.hit(&input.charges, input.claim.as_ref())?,
             )),
             Route::FleetOnly => {
-                let command = Command::Hit {
-                    charges: input.charges.clone(),
-                    claim: input.claim.clone(),
-                    node: self.id,
-                };
-                match self.propose_hit(command, deadline).await {
+                let command = EncodedCommand::hit(&input.charges, input.claim.as_ref(), self.id)?;
+                match self.propose_encoded_hit(command, deadline).await {
                     Err(e) if e.fleet_unavailable() => {
                         self.fallback_hit(&input.charges, input.claim.as_ref(), &e)
                     }
@@ -303,16 +330,12 @@ impl Node {
             .ok();
         let blocked = self.local.peek_claim(claim);
         let command = match blocked {
-            Some(_) => Command::ProbeCharges {
+            Some(_) => EncodedCommand::encode(&Command::ProbeCharges {
                 charges: charges.to_vec(),
-            },
-            None => Command::Hit {
-                charges: charges.to_vec(),
-                claim: None,
-                node: self.id,
-            },
+            })?,
+            None => EncodedCommand::hit(charges, None, self.id)?,
         };
-        let (charged, fleet_missed) = match self.propose_hit(command, deadline).await {
+        let (charged, fleet_missed) = match self.propose_encoded_hit(command, deadline).await {
             Ok(answer) => (answer, None),
             Err(e) if e.fleet_unavailable() => {
                 let reason = self.local_reason(&e);
@@ -359,12 +382,8 @@ impl Node {
             return Ok((denied, None));
         }
         let spent: &[Charge] = if retry { &[] } else { charges };
-        let take = Command::Hit {
-            charges: Vec::new(),
-            claim: Some(claim.clone()),
-            node: self.id,
-        };
-        let decided = match self.propose_hit(take, deadline).await {
+        let take = EncodedCommand::hit(&[], Some(claim), self.id)?;
+        let decided = match self.propose_encoded_hit(take, deadline).await {
             Ok(answer) => Ok((answer, None)),
             Err(e) if e.fleet_unavailable() => {
                 self.fallback_hit(&[], Some(claim), &e)
@@ -403,7 +422,10 @@ impl Node {
                 self.local.sync().await?;
                 return settle_answer(answer).map(Decided::node_scope);
             }
-            Scope::Fleet => self.propose(command.clone(), deadline).await,
+            Scope::Fleet => match EncodedCommand::encode(&command) {
+                Ok(encoded) => self.propose_encoded(encoded, deadline).await,
+                Err(e) => Err(e.into()),
+            },
         };
         match answer {
             Err(e) if e.fleet_unavailable() => self.queue_settle(&input, &command, &e).await,
@@ -563,12 +585,8 @@ impl Node {
         match input.scope {
             Scope::Node => Ok(Decided::node_scope(self.local.hit(&charges, None)?)),
             Scope::Fleet => {
-                let command = Command::Hit {
-                    charges: charges.clone(),
-                    claim: None,
-                    node: self.id,
-                };
-                match self.propose_hit(command, deadline).await {
+                let command = EncodedCommand::hit(&charges, None, self.id)?;
+                match self.propose_encoded_hit(command, deadline).await {
                     Err(e) if e.fleet_unavailable() => self.fallback_hit(&charges, None, &e),
                     other => other.map(Decided::fleet),
                 }

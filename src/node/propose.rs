@@ -29,7 +29,7 @@ use crate::clock::wall_clock_us;
 use crate::raft::network::PeerClients;
 use crate::raft::{NodeId, ProposeRefusal, ProposeRequest, ProposeResponse, Raft};
 use crate::state::check::{self, Ceilings};
-use crate::state::{Answer, Command, FleetRequest, Refusal, StateLimits};
+use crate::state::{Answer, EncodedCommand, FleetRequest, Refusal, StateLimits};
 
 /// The retry hint given with an overloaded answer.
 const OVERLOADED_RETRY_AFTER_MS: u64 = 10;
@@ -39,8 +39,9 @@ const LINGER_FROM_COMMANDS: usize = 2;
 /// One caller waiting in the queue: a local caller with one command, or a follower's
 /// forwarded batch with many (it stays one unit: one reply, no per-command channel).
 struct Queued {
-    /// Moved out into the batch's shared slice when the batch is sent.
-    commands: Vec<Command>,
+    /// Moved out into the batch's shared slice when the batch is sent: the bytes the
+    /// caller encoded (or the follower sent), never encoded again.
+    commands: Vec<EncodedCommand>,
     /// How many commands the unit brought (its share of the batch's answers).
     count: usize,
     deadline: Instant,
@@ -114,27 +115,7 @@ impl Proposer {
         request: ProposeRequest,
         sender: Option<crate::raft::NodeId>,
     ) -> ProposeResponse {
-        let mut refused: Vec<Option<Answer>> = Vec::with_capacity(request.commands.len());
-        let mut valid = Vec::with_capacity(request.commands.len());
-        for (i, command) in request.commands.into_iter().enumerate() {
-            let checked = sender
-                .map_or(Ok(()), |sender| check::sent_by(&command, sender))
-                .and_then(|()| check::command(&command, &self.ceilings));
-            match checked {
-                Ok(()) => {
-                    valid.push(command);
-                    refused.push(None);
-                }
-                Err(invalid) => {
-                    metrics::counter!("ankusa_forwarded_commands_refused_total").increment(1);
-                    tracing::warn!(index = i, field = %invalid.field, reason = %invalid.reason, "refused a forwarded command");
-                    refused.push(Some(Answer::Refused(Refusal::Invalid {
-                        field: format!("commands[{i}].{}", invalid.field),
-                        reason: invalid.reason,
-                    })));
-                }
-            }
-        }
+        let (valid, refused) = check_forwarded(request.commands, sender, &self.ceilings);
         let committed = if valid.is_empty() {
             Vec::new()
         } else {
@@ -164,7 +145,7 @@ impl Proposer {
     /// command may still commit later), `NotLeader` never (routing is done here).
     pub async fn propose(
         &self,
-        command: Command,
+        command: EncodedCommand,
         deadline: Instant,
     ) -> Result<Answer, ProposeRefusal> {
         let mut answers = self.enqueue(vec![command], deadline).await?;
@@ -178,7 +159,11 @@ impl Proposer {
     ///
     /// # Errors
     /// As [`Proposer::propose`], for the unit as a whole.
-    pub async fn propose_many(&self, commands: Vec<Command>, deadline: Instant) -> ProposeResponse {
+    pub async fn propose_many(
+        &self,
+        commands: Vec<EncodedCommand>,
+        deadline: Instant,
+    ) -> ProposeResponse {
         self.enqueue(commands, deadline).await
     }
 
@@ -189,7 +174,7 @@ impl Proposer {
         self.enqueue(request.commands, deadline).await
     }
 
-    async fn enqueue(&self, commands: Vec<Command>, deadline: Instant) -> ProposeResponse {
+    async fn enqueue(&self, commands: Vec<EncodedCommand>, deadline: Instant) -> ProposeResponse {
         let (reply, answers) = oneshot::channel();
         let queued = Queued {
             count: commands.len(),
@@ -213,6 +198,51 @@ impl Proposer {
             }),
         }
     }
+}
+
+/// Splits a forwarded batch into the commands to propose (the very bytes the follower
+/// sent, in order) and, by position, the refusal of each one that is not: its bytes do not
+/// decode to one command, it names another node than the verified `sender`
+/// (`check::sent_by`), or it fails `check::command`. A command is decoded here only to be
+/// checked; what is proposed is what was received.
+fn check_forwarded(
+    commands: Vec<EncodedCommand>,
+    sender: Option<crate::raft::NodeId>,
+    ceilings: &Ceilings,
+) -> (Vec<EncodedCommand>, Vec<Option<Answer>>) {
+    let mut refused: Vec<Option<Answer>> = Vec::with_capacity(commands.len());
+    let mut valid = Vec::with_capacity(commands.len());
+    for (i, encoded) in commands.into_iter().enumerate() {
+        let checked = match encoded.decode() {
+            Ok(command) => sender
+                .map_or(Ok(()), |sender| check::sent_by(&command, sender))
+                .and_then(|()| check::command(&command, ceilings)),
+            Err(e) => Err(check::InvalidField {
+                field: String::new(),
+                reason: format!("does not decode to one command: {e}"),
+            }),
+        };
+        match checked {
+            Ok(()) => {
+                valid.push(encoded);
+                refused.push(None);
+            }
+            Err(invalid) => {
+                metrics::counter!("ankusa_forwarded_commands_refused_total").increment(1);
+                tracing::warn!(index = i, field = %invalid.field, reason = %invalid.reason, "refused a forwarded command");
+                let field = if invalid.field.is_empty() {
+                    format!("commands[{i}]")
+                } else {
+                    format!("commands[{i}].{}", invalid.field)
+                };
+                refused.push(Some(Answer::Refused(Refusal::Invalid {
+                    field,
+                    reason: invalid.reason,
+                })));
+            }
+        }
+    }
+    (valid, refused)
 }
 
 async fn run_batcher(
@@ -339,7 +369,10 @@ fn reply_all(batch: Vec<Queued>, outcome: ProposeResponse) {
 
 /// Drops the units whose callers gave up, with their commands. The rare case copies the
 /// commands that stay; the usual one hands `commands` back as it is.
-fn without_given_up(batch: &mut Vec<Queued>, commands: Arc<[Command]>) -> Arc<[Command]> {
+fn without_given_up(
+    batch: &mut Vec<Queued>,
+    commands: Arc<[EncodedCommand]>,
+) -> Arc<[EncodedCommand]> {
     // The usual case, on every entry: nobody gave up, nothing to allocate.
     if !batch.iter().any(|queued| queued.reply.is_closed()) {
         return commands;
@@ -392,7 +425,7 @@ impl Router {
     async fn commit_batch(&self, mut batch: Vec<Queued>) {
         // The commands move into one shared slice, sent as is by every attempt; each unit
         // keeps its count, to take its answers back out.
-        let mut commands: Arc<[Command]> = batch
+        let mut commands: Arc<[EncodedCommand]> = batch
             .iter_mut()
             .flat_map(|queued| std::mem::take(&mut queued.commands))
             .collect();
@@ -443,7 +476,11 @@ impl Router {
             .max(now_us)
     }
 
-    async fn write_here(&self, commands: Arc<[Command]>, deadline: Instant) -> ProposeResponse {
+    async fn write_here(
+        &self,
+        commands: Arc<[EncodedCommand]>,
+        deadline: Instant,
+    ) -> ProposeResponse {
         let request = FleetRequest {
             now_us: self.stamp_now_us(),
             limits: self.limits,
@@ -468,7 +505,7 @@ impl Router {
     async fn forward(
         &self,
         leader_id: NodeId,
-        commands: &[Command],
+        commands: &[EncodedCommand],
         deadline: Instant,
     ) -> ProposeResponse {
         let raft_addr = {
@@ -555,6 +592,7 @@ impl crate::raft::service::ProposalSink for Proposer {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::state::{Command, HookId, SettleOutcome};
 
     fn limits(linger_us: u64) -> BatchLimits {
         BatchLimits {
@@ -566,8 +604,15 @@ mod tests {
         }
     }
 
+    fn reset(tenant: &str) -> EncodedCommand {
+        EncodedCommand::encode(&Command::Reset {
+            tenant: tenant.into(),
+        })
+        .expect("encode")
+    }
+
     fn unit(commands: usize) -> Queued {
-        let command = Command::Reset { tenant: "t".into() };
+        let command = reset("t");
         Queued {
             commands: vec![command; commands],
             count: commands,
@@ -606,12 +651,7 @@ mod tests {
     /// A unit of `tenants.len()` resets, and the receiver that keeps its caller waiting.
     fn waiting_unit(tenants: &[&str]) -> (Queued, oneshot::Receiver<ProposeResponse>) {
         let (reply, answers) = oneshot::channel();
-        let commands: Vec<Command> = tenants
-            .iter()
-            .map(|tenant| Command::Reset {
-                tenant: (*tenant).into(),
-            })
-            .collect();
+        let commands: Vec<EncodedCommand> = tenants.iter().map(|tenant| reset(tenant)).collect();
         let queued = Queued {
             count: commands.len(),
             commands,
@@ -621,10 +661,10 @@ mod tests {
         (queued, answers)
     }
 
-    fn tenants_of(commands: &[Command]) -> Vec<String> {
+    fn tenants_of(commands: &[EncodedCommand]) -> Vec<String> {
         commands
             .iter()
-            .map(|command| match command {
+            .map(|command| match command.decode().expect("decodes") {
                 Command::Reset { tenant } => tenant.to_string(),
                 other => panic!("not a reset: {other:?}"),
             })
@@ -637,7 +677,7 @@ mod tests {
         let (b, b_waits) = waiting_unit(&["b1"]);
         let (c, _c_waits) = waiting_unit(&["c1", "c2", "c3"]);
         let mut batch = vec![a, b, c];
-        let commands: Arc<[Command]> = batch
+        let commands: Arc<[EncodedCommand]> = batch
             .iter_mut()
             .flat_map(|queued| std::mem::take(&mut queued.commands))
             .collect();
@@ -660,5 +700,52 @@ mod tests {
         let refused = batch.admit(unit(1)).expect_err("full");
         assert_eq!(refused.commands.len(), 1, "the unit comes back whole");
         assert_eq!((batch.units.len(), batch.commands), (2, 100));
+    }
+
+    #[test]
+    fn a_forwarded_command_is_proposed_as_the_very_bytes_received() {
+        let settle = |node| Command::Settle {
+            key: crate::state::ClaimKey {
+                tenant: "acme".into(),
+                source_id: "stripe".into(),
+                key: "evt_1".into(),
+            },
+            hook_id: HookId::from("hook-1"),
+            outcome: SettleOutcome::Commit,
+            ttl_ms: 1_000,
+            node,
+        };
+        let received = vec![
+            EncodedCommand::encode(&settle(2)).expect("encode"),
+            EncodedCommand::from_bytes(bytes::Bytes::from_static(&[0x7f, 0x7f])),
+            EncodedCommand::encode(&settle(3)).expect("encode"),
+            reset("t"),
+        ];
+        let (valid, refused) = check_forwarded(received.clone(), Some(2), &Ceilings::CONTRACT);
+        assert_eq!(valid.len(), 2);
+        for (kept, sent) in valid.iter().zip([&received[0], &received[3]]) {
+            assert_eq!(
+                kept.as_bytes().as_ptr(),
+                sent.as_bytes().as_ptr(),
+                "the same buffer, not a copy or a new encoding"
+            );
+        }
+        let fields: Vec<Option<String>> = refused
+            .iter()
+            .map(|answer| match answer {
+                Some(Answer::Refused(Refusal::Invalid { field, .. })) => Some(field.clone()),
+                None => None,
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        assert_eq!(
+            fields,
+            [
+                None,
+                Some("commands[1]".to_owned()),
+                Some("commands[2].node".to_owned()),
+                None
+            ]
+        );
     }
 }

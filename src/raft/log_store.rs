@@ -94,6 +94,8 @@ pub enum LogStoreError {
     WriterGone,
     #[error("write-ahead log {path}: {reason}")]
     Wal { path: PathBuf, reason: String },
+    #[error("log record kind {kind} is no entry kind this build reads")]
+    UnknownEntryKind { kind: u8 },
     #[error("a log record of {len_bytes} bytes does not fit its 32-bit length")]
     RecordTooLarge { len_bytes: usize },
     /// The vote store (the redb file) is damaged, or does not fit the log beside it.

@@ -54,11 +54,13 @@ pub type StoredMembership = openraft::StoredMembership<NodeId, MemberNode>;
 /// A log entry of this config.
 pub type Entry = openraft::Entry<TypeConfig>;
 
-/// A batch of edge commands a follower hands to the leader (the Peer `Propose` RPC). The
-/// leader decodes owned commands; a follower encodes from the batch's shared slice
-/// (`ProposeRequest<&[Command]>`, the same bytes), so a forward copies no command.
+/// A batch of edge commands a follower hands to the leader (the Peer `Propose` RPC), each
+/// as the bytes the follower encoded it to ([`crate::state::EncodedCommand`]). A follower
+/// sends from the batch's shared slice (`ProposeRequest<&[EncodedCommand]>`, the same
+/// bytes); the leader decodes each command only to re-check it and proposes the bytes it
+/// received.
 #[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct ProposeRequest<C = Vec<crate::state::Command>> {
+pub struct ProposeRequest<C = Vec<crate::state::EncodedCommand>> {
     pub commands: C,
     /// What is left of the callers' deadline when the batch was sent.
     pub timeout_ms: u64,

@@ -37,7 +37,7 @@ use crate::limits::{APPEND_ENTRIES_BYTES_MAX, COMMAND_BYTES_MAX, PEER_MESSAGE_BY
 use crate::lock::lock;
 use crate::pb::internal::peer_client::PeerClient;
 use crate::pb::internal::{PeerFrame, PeerMethod, RaftMessage};
-use crate::state::Command;
+use crate::state::EncodedCommand;
 
 /// How long to wait for a TCP connection to a peer before calling it unreachable.
 const CONNECT_TIMEOUT: Duration = Duration::from_millis(500);
@@ -397,7 +397,7 @@ impl PeerClients {
         &self,
         target: NodeId,
         raft_addr: &str,
-        request: &ProposeRequest<&[Command]>,
+        request: &ProposeRequest<&[EncodedCommand]>,
         timeout: Duration,
     ) -> Result<ProposeResponse, PeerError> {
         self.call(target, raft_addr, PeerMethod::Propose, request, timeout)

@@ -254,6 +254,7 @@ impl PeerService {
                         Some(&request.entries[i].log_id),
                     )?;
                 }
+                entries_decode(&request.entries)?;
                 seal(&self.raft.append_entries(request).await)
             }
             PeerMethod::Vote => {
@@ -432,6 +433,26 @@ fn sent_as_caller(
     }
 }
 
+/// Every command of every entry must decode to one command before the entries reach the
+/// log: a follower writes what it acknowledges, and an entry it cannot apply would stop
+/// its Raft core at apply (and again at every restart, replaying it). Decoded only to be
+/// checked; the log keeps the bytes the leader sent.
+fn entries_decode(entries: &[super::Entry]) -> Result<(), Status> {
+    for (i, entry) in entries.iter().enumerate() {
+        let openraft::EntryPayload::Normal(request) = &entry.payload else {
+            continue;
+        };
+        for (j, command) in request.commands.iter().enumerate() {
+            if let Err(e) = command.decode() {
+                return Err(Status::invalid_argument(format!(
+                    "entries[{i}].payload.commands[{j}]: does not decode to one command: {e}"
+                )));
+            }
+        }
+    }
+    Ok(())
+}
+
 fn open<T: DeserializeOwned>(payload: &[u8]) -> Result<T, Status> {
     codec::decode(payload).map_err(|e| Status::invalid_argument(format!("payload: {e}")))
 }
@@ -526,6 +547,34 @@ impl Peer for PeerService {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_entry_with_a_command_that_does_not_decode_is_refused_by_position() {
+        use crate::state::{Command, EncodedCommand, FleetRequest, StateLimits};
+        let good = EncodedCommand::encode(&Command::Reset { tenant: "t".into() }).expect("encode");
+        let bad = EncodedCommand::from_bytes(bytes::Bytes::from_static(&[0x7f, 0x01, 0x02]));
+        let entry = |index: u64, commands: Vec<EncodedCommand>| crate::raft::Entry {
+            log_id: crate::raft::LogId::new(openraft::CommittedLeaderId::new(1, 1), index),
+            payload: openraft::EntryPayload::Normal(FleetRequest {
+                now_us: 1,
+                limits: StateLimits::UNLIMITED,
+                commands: commands.into(),
+            }),
+        };
+        let sound = [
+            entry(1, vec![good.clone()]),
+            entry(2, vec![good.clone(), good.clone()]),
+        ];
+        assert!(entries_decode(&sound).is_ok());
+        let rogue = [entry(1, vec![good.clone()]), entry(2, vec![good, bad])];
+        let err = entries_decode(&rogue).expect_err("a command that does not decode");
+        assert_eq!(err.code(), tonic::Code::InvalidArgument);
+        assert!(
+            err.message()
+                .starts_with("entries[1].payload.commands[1]: does not decode"),
+            "{err:?}"
+        );
+    }
 
     #[test]
     fn terms_and_indexes_past_the_bound_are_refused_by_field() {

@@ -9,7 +9,7 @@ use std::io::Cursor;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use openraft::storage::RaftStateMachine;
-use openraft::{EntryPayload, StorageIOError};
+use openraft::{AnyError, EntryPayload, StorageIOError};
 
 use crate::config::PlantedBug;
 use crate::raft::log_store::DurableLog;
@@ -20,7 +20,7 @@ use crate::raft::{
     TypeConfig,
 };
 use crate::state::rules;
-use crate::state::{FleetResponse, FleetState};
+use crate::state::{Command, EncodedCommand, FleetResponse, FleetState};
 use crate::storage::sled_disk::SledDisk;
 
 pub use crate::raft::snapshot::store::StateStoreError;
@@ -98,6 +98,23 @@ impl StateMachineStore {
     }
 }
 
+/// An entry's commands, decoded to be applied. Every command was decoded before its entry
+/// was written here (by the leader when it checked a forwarded one or built its own, by
+/// this node when `AppendEntries` brought it), so one that does not decode now is a broken
+/// invariant: the node stops rather than apply part of an entry.
+fn decoded(log_id: LogId, commands: &[EncodedCommand]) -> Result<Vec<Command>, StorageError> {
+    commands
+        .iter()
+        .enumerate()
+        .map(|(i, command)| {
+            command.decode().map_err(|e| {
+                let reason = format!("entry {} command {i} does not decode: {e}", log_id.index);
+                StorageIOError::apply(log_id, AnyError::error(reason)).into()
+            })
+        })
+        .collect()
+}
+
 fn applied_from_body(body: SnapshotBody) -> Applied {
     Applied {
         state: FleetState::from_image(body.image),
@@ -137,10 +154,11 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
                     } else {
                         request.now_us
                     };
+                    let commands = decoded(entry.log_id, &request.commands)?;
                     FleetResponse {
                         answers: rules::apply_batch_within(
                             &mut applied.state,
-                            &request.commands,
+                            &commands,
                             now_us,
                             &request.limits,
                         ),

@@ -5,6 +5,7 @@
 //!
 //! No IO and no clock: time comes from the caller (the log entry's stamp).
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, BinaryHeap, HashMap};
 use std::hash::Hash;
 use std::sync::Arc;
@@ -199,8 +200,19 @@ impl FleetState {
 
     /// A bucket's TAT, if it is live at the current clock.
     pub fn bucket_tat_us(&self, bucket: &BucketKey) -> Option<u64> {
+        self.bucket_tat_us_hashed(self.bucket_hash(bucket), bucket)
+    }
+
+    /// `bucket`'s hash in the bucket map, for the `*_hashed` calls: a charge looks its
+    /// bucket up and writes it back with one hash of its key.
+    pub(super) fn bucket_hash(&self, bucket: &BucketKey) -> u64 {
+        self.buckets.hash_of(bucket)
+    }
+
+    /// [`FleetState::bucket_tat_us`] with `hash` from [`FleetState::bucket_hash`].
+    pub(super) fn bucket_tat_us_hashed(&self, hash: u64, bucket: &BucketKey) -> Option<u64> {
         self.buckets
-            .get(bucket)
+            .get_hashed(hash, bucket)
             .map(|slot| slot.value)
             .filter(|tat_us| *tat_us > self.clock_us)
     }
@@ -356,11 +368,20 @@ impl FleetState {
         }
     }
 
-    pub(super) fn set_bucket(&mut self, bucket: BucketKey, tat_us: u64) {
+    /// Sets a bucket's TAT. A borrowed key is cloned only when the bucket is new: a charge
+    /// of a bucket that exists (most of them) allocates nothing.
+    pub(super) fn set_bucket(&mut self, bucket: Cow<'_, BucketKey>, tat_us: u64) {
+        let hash = self.bucket_hash(&bucket);
+        self.set_bucket_hashed(hash, bucket, tat_us);
+    }
+
+    /// [`FleetState::set_bucket`] with `hash` from [`FleetState::bucket_hash`].
+    pub(super) fn set_bucket_hashed(&mut self, hash: u64, bucket: Cow<'_, BucketKey>, tat_us: u64) {
         let buckets = &mut self.buckets;
         if let Some(added) = store(
             buckets,
             &mut self.expiry,
+            hash,
             bucket,
             tat_us,
             tat_us,
@@ -370,12 +391,15 @@ impl FleetState {
         }
     }
 
-    pub(super) fn set_claim(&mut self, key: ClaimKey, record: ClaimRecord) {
+    /// Sets a claim's record; a borrowed key is cloned only when the claim is new.
+    pub(super) fn set_claim(&mut self, key: Cow<'_, ClaimKey>, record: ClaimRecord) {
         let expires_at_us = record.expires_at_us;
         let claims = &mut self.claims;
+        let hash = claims.hash_of(&*key);
         if let Some(added) = store(
             claims,
             &mut self.expiry,
+            hash,
             key,
             record,
             expires_at_us,
@@ -402,7 +426,7 @@ impl FleetState {
     /// Sets a bucket's TAT directly (the local fallback seeds its buckets this way).
     pub fn seed_bucket(&mut self, bucket: BucketKey, tat_us: u64) {
         if tat_us > self.clock_us {
-            self.set_bucket(bucket, tat_us);
+            self.set_bucket(Cow::Owned(bucket), tat_us);
         }
     }
 
@@ -412,7 +436,7 @@ impl FleetState {
     pub fn refund_bucket(&mut self, bucket: &BucketKey, increment_us: u64) {
         if let Some(tat_us) = self.bucket_tat_us(bucket) {
             let refunded = tat_us.saturating_sub(increment_us).max(self.clock_us);
-            self.set_bucket(bucket.clone(), refunded);
+            self.set_bucket(Cow::Borrowed(bucket), refunded);
         }
     }
 
@@ -466,10 +490,10 @@ impl FleetState {
             ..FleetState::default()
         };
         for (bucket, tat_us) in image.buckets {
-            state.set_bucket(bucket, tat_us);
+            state.set_bucket(Cow::Owned(bucket), tat_us);
         }
         for (key, record) in image.claims {
-            state.set_claim(key, record);
+            state.set_claim(Cow::Owned(key), record);
         }
         state.absorbed = image.absorbed.into_iter().collect();
         state.advance_clock(image.clock_us);
@@ -515,19 +539,20 @@ impl Ord for Due {
     }
 }
 
-/// Stores `value` under `key`; queues an expiry entry only for a new key or an earlier
-/// deadline (a later one is re-queued when the current entry pops, see [`sweep_one`]).
-/// Returns the key when it is new.
-fn store<K: Hash + Eq, V: Clone>(
+/// Stores `value` under `key` (whose hash in `map` is `hash`); queues an expiry entry only
+/// for a new key or an earlier deadline (a later one is re-queued when the current entry
+/// pops, see [`sweep_one`]). A borrowed key is cloned only when it is new. Returns the key
+/// when it is new.
+fn store<K: Hash + Eq + Clone, V: Clone>(
     map: &mut Sharded<Arc<K>, Slot<V>>,
     expiry: &mut ExpiryQueue,
-    key: K,
+    hash: u64,
+    key: Cow<'_, K>,
     value: V,
     deadline_us: u64,
     expiring: fn(Arc<K>) -> Expiring,
 ) -> Option<Arc<K>> {
-    let hash = map.hash_of(&key);
-    match map.get_key_value_mut_hashed(hash, &key) {
+    match map.get_key_value_mut_hashed(hash, &*key) {
         Some((stored, slot)) => {
             slot.value = value;
             if deadline_us < slot.queued_us {
@@ -541,7 +566,7 @@ fn store<K: Hash + Eq, V: Clone>(
             None
         }
         None => {
-            let key = Arc::new(key);
+            let key = Arc::new(key.into_owned());
             expiry.push(Due {
                 deadline_us,
                 hash,

@@ -9,10 +9,12 @@
 //! entries reaches the same state.
 
 pub mod check;
+mod encoded;
 mod fleet;
 pub mod model;
 pub mod rules;
 mod shards;
 
+pub use encoded::EncodedCommand;
 pub use fleet::{FleetState, LiveImage, StateImage, BUCKET_BYTES_ESTIMATE, CLAIM_BYTES_ESTIMATE};
 pub use model::*;

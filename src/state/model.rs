@@ -5,6 +5,8 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
+use super::EncodedCommand;
+
 /// Microseconds in a millisecond.
 pub const US_PER_MS: u64 = 1_000;
 
@@ -319,10 +321,12 @@ pub struct FleetRequest {
     pub now_us: u64,
     /// The leader's state limits when it proposed the entry (see [`StateLimits`]).
     pub limits: StateLimits,
+    /// Each command as the bytes the node that built it encoded (see [`EncodedCommand`]):
+    /// the entry, the WAL and `AppendEntries` copy them and never encode a command again.
     /// Shared, not owned: openraft and the log's tail clone entries (for the tail, for each
     /// follower's AppendEntries), and a shared slice makes those clones a count bump. It
-    /// encodes exactly as a `Vec` would, so the log and snapshot formats are unchanged.
-    pub commands: Arc<[Command]>,
+    /// encodes exactly as a `Vec` would.
+    pub commands: Arc<[EncodedCommand]>,
 }
 
 /// One answer per command of the entry (empty for blank and membership entries).

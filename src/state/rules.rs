@@ -7,6 +7,8 @@
 //! (or, for node-local state, from the caller). Every replica that applies the same entries
 //! reaches the same state and the same answers.
 
+use std::borrow::Cow;
+
 use super::fleet::FleetState;
 use super::model::{
     Answer, BucketKey, Charge, ClaimKey, ClaimRecord, ClaimRequest, ClaimState, Command, HitAnswer,
@@ -109,18 +111,13 @@ fn room_for_claim(
     Ok(())
 }
 
-/// Room for the buckets `charges` would create (those not live now), or the limit they
-/// would pass. A charge's bucket is counted once (a hit never names a bucket twice).
-fn room_for_buckets(
+/// Room for `new`, the buckets a command would create (those not live now), or the limit
+/// they would pass. A bucket is counted once (a hit never names a bucket twice).
+fn room_for_new_buckets(
     state: &FleetState,
-    charges: &[Charge],
+    new: &[&BucketKey],
     limits: &StateLimits,
 ) -> Result<(), StateLimit> {
-    let new: Vec<&BucketKey> = charges
-        .iter()
-        .map(|charge| &charge.bucket)
-        .filter(|bucket| state.bucket_tat_us(bucket).is_none())
-        .collect();
     if new.is_empty() {
         return Ok(());
     }
@@ -128,7 +125,7 @@ fn room_for_buckets(
     if buckets as u64 + new.len() as u64 > limits.buckets_max {
         return Err(StateLimit::BucketsMax);
     }
-    for bucket in &new {
+    for bucket in new {
         let owner = bucket.owner();
         let same_owner = new.iter().filter(|other| other.owner() == owner).count() as u64;
         if state.owner_buckets(bucket) + same_owner > limits.tenant_buckets_max {
@@ -163,17 +160,17 @@ fn reconcile_commit(
 /// fleet forgoes that part of a node's local grants.
 fn absorb(state: &mut FleetState, charges: &[Charge], now_us: u64, limits: &StateLimits) {
     for charge in charges {
-        if room_for_buckets(state, std::slice::from_ref(charge), limits).is_err() {
+        let hash = state.bucket_hash(&charge.bucket);
+        let live_tat_us = state.bucket_tat_us_hashed(hash, &charge.bucket);
+        if live_tat_us.is_none() && room_for_new_buckets(state, &[&charge.bucket], limits).is_err()
+        {
             continue;
         }
-        let tat_us = state
-            .bucket_tat_us(&charge.bucket)
-            .unwrap_or(now_us)
-            .max(now_us);
+        let tat_us = live_tat_us.unwrap_or(now_us).max(now_us);
         let ceiling_us = now_us.saturating_add(charge.capacity_us);
         let new_tat_us = tat_us.saturating_add(charge.increment_us).min(ceiling_us);
         if new_tat_us > now_us {
-            state.set_bucket(charge.bucket.clone(), new_tat_us);
+            state.set_bucket_hashed(hash, Cow::Borrowed(&charge.bucket), new_tat_us);
         }
     }
 }
@@ -225,20 +222,37 @@ fn ceil_ms(duration_us: u64) -> u64 {
     duration_us.div_ceil(US_PER_MS).max(1)
 }
 
-/// Step 2 of a hit: every charge's new TAT, or the largest retry among the denied ones.
-fn evaluate_charges(state: &FleetState, charges: &[Charge], now_us: u64) -> Result<Vec<u64>, u64> {
-    let mut new_tats_us = Vec::with_capacity(charges.len());
+/// One charge that passed: its bucket's hash (so the write hashes the key no more), whether
+/// the bucket is live now, and its new TAT.
+struct Priced {
+    hash: u64,
+    live: bool,
+    new_tat_us: u64,
+}
+
+/// Step 2 of a hit: every charge priced, or the largest retry among the denied ones.
+fn evaluate_charges(
+    state: &FleetState,
+    charges: &[Charge],
+    now_us: u64,
+) -> Result<Vec<Priced>, u64> {
+    let mut priced = Vec::with_capacity(charges.len());
     let mut retry_after_ms = None;
     for charge in charges {
-        let tat_us = state.bucket_tat_us(&charge.bucket);
+        let hash = state.bucket_hash(&charge.bucket);
+        let tat_us = state.bucket_tat_us_hashed(hash, &charge.bucket);
         match gcra(tat_us, now_us, charge.increment_us, charge.capacity_us) {
-            Ok(new_tat_us) => new_tats_us.push(new_tat_us),
+            Ok(new_tat_us) => priced.push(Priced {
+                hash,
+                live: tat_us.is_some(),
+                new_tat_us,
+            }),
             Err(retry_ms) => retry_after_ms = Some(retry_after_ms.unwrap_or(0).max(retry_ms)),
         }
     }
     match retry_after_ms {
         Some(retry_ms) => Err(retry_ms),
-        None => Ok(new_tats_us),
+        None => Ok(priced),
     }
 }
 
@@ -252,8 +266,8 @@ fn hit(
     now_us: u64,
     limits: &StateLimits,
 ) -> Result<HitAnswer, StateLimit> {
-    let new_tats_us = match evaluate_charges(state, charges, now_us) {
-        Ok(new_tats_us) => new_tats_us,
+    let priced = match evaluate_charges(state, charges, now_us) {
+        Ok(priced) => priced,
         Err(retry_after_ms) => return Ok(HitAnswer::RateLimited { retry_after_ms }),
     };
     if let Some(claim) = claim {
@@ -262,9 +276,20 @@ fn hit(
         }
         room_for_claim(state, &claim.key, limits)?;
     }
-    room_for_buckets(state, charges, limits)?;
-    for (charge, new_tat_us) in charges.iter().zip(new_tats_us) {
-        state.set_bucket(charge.bucket.clone(), new_tat_us);
+    // Every charge passed, so `priced` lines up with `charges`.
+    let new: Vec<&BucketKey> = charges
+        .iter()
+        .zip(&priced)
+        .filter(|(_, priced)| !priced.live)
+        .map(|(charge, _)| &charge.bucket)
+        .collect();
+    room_for_new_buckets(state, &new, limits)?;
+    for (charge, priced) in charges.iter().zip(priced) {
+        state.set_bucket_hashed(
+            priced.hash,
+            Cow::Borrowed(&charge.bucket),
+            priced.new_tat_us,
+        );
     }
     if let Some(claim) = claim {
         let record = ClaimRecord {
@@ -274,7 +299,7 @@ fn hit(
             expires_at_us: now_us.saturating_add(claim.pending_ttl_ms.saturating_mul(US_PER_MS)),
             ttl_ms: claim.ttl_ms,
         };
-        state.set_claim(claim.key.clone(), record);
+        state.set_claim(Cow::Borrowed(&claim.key), record);
     }
     Ok(HitAnswer::Allowed)
 }
@@ -312,7 +337,7 @@ fn commit(
             expires_at_us: now_us.saturating_add(settle_ttl_ms.saturating_mul(US_PER_MS)),
             ttl_ms: settle_ttl_ms,
         };
-        state.set_claim(key.clone(), record);
+        state.set_claim(Cow::Borrowed(key), record);
         return Ok(SettleAnswer::Recreated);
     };
     if record.hook_id != *hook_id {
@@ -326,7 +351,7 @@ fn commit(
             expires_at_us: now_us.saturating_add(record.ttl_ms.saturating_mul(US_PER_MS)),
             ..record
         };
-        state.set_claim(key.clone(), committed);
+        state.set_claim(Cow::Borrowed(key), committed);
     }
     Ok(SettleAnswer::Settled)
 }

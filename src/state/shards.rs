@@ -96,7 +96,15 @@ impl<K: Hash + Eq + Clone, V: Clone> Sharded<K, V> {
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
-        let hash = self.hash_of(key);
+        self.get_hashed(self.hash_of(key), key)
+    }
+
+    /// [`Sharded::get`] with `hash` from [`Sharded::hash_of`].
+    pub(super) fn get_hashed<Q>(&self, hash: u64, key: &Q) -> Option<&V>
+    where
+        K: Borrow<Q>,
+        Q: Eq + ?Sized,
+    {
         if let Some(changed) = self
             .overlay
             .as_ref()

@@ -13,7 +13,7 @@ use tokio::sync::Mutex;
 
 use super::*;
 use crate::raft::{MemberNode, Snapshot, SnapshotMeta, StoredMembership};
-use crate::state::{Command, FleetRequest, FleetResponse};
+use crate::state::{Command, EncodedCommand, FleetRequest, FleetResponse};
 
 /// The node the tests' stores belong to, which also made their entries (`log_id`).
 pub(super) const NODE: NodeId = 0;
@@ -41,9 +41,10 @@ pub(super) fn request_entry(term: u64, index: u64) -> Entry {
     let request = FleetRequest {
         now_us: 1_000 * index,
         limits: crate::state::StateLimits::UNLIMITED,
-        commands: vec![Command::Reset {
+        commands: EncodedCommand::encode_all(&[Command::Reset {
             tenant: "tenant-a".into(),
-        }]
+        }])
+        .expect("encode")
         .into(),
     };
     Entry {

@@ -47,13 +47,25 @@ pub(super) const SEGMENT_BYTES: u64 = 16 * 1024 * 1024;
 /// commands apply with no limit, as they did when it was written).
 pub(super) const KIND_ENTRY_V1: u8 = 0;
 const KIND_COMMITTED: u8 = 1;
-/// An entry whose request carries the leader's state limits (`FleetRequest::limits`).
-pub(super) const KIND_ENTRY: u8 = 2;
+/// An entry whose request carries the leader's state limits, its commands encoded in line
+/// (read only: written before commands were carried as their bytes).
+pub(super) const KIND_ENTRY_V2: u8 = 2;
+/// An entry whose commands are each a byte string, the bytes the proposing node encoded
+/// (`FleetRequest::commands`, [`crate::state::EncodedCommand`]): the only kind written.
+pub(super) const KIND_ENTRY: u8 = 3;
 
 /// An entry's payload as [`KIND_ENTRY_V1`] encodes it: no limits.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub(super) struct FleetRequestV1 {
     pub now_us: u64,
+    pub commands: Vec<crate::state::Command>,
+}
+
+/// An entry's payload as [`KIND_ENTRY_V2`] encodes it: commands in line.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub(super) struct FleetRequestV2 {
+    pub now_us: u64,
+    pub limits: crate::state::StateLimits,
     pub commands: Vec<crate::state::Command>,
 }
 
@@ -65,27 +77,74 @@ openraft::declare_raft_types!(
         Node = crate::raft::MemberNode,
 );
 
-/// Decodes an entry record of either kind into the current form.
+openraft::declare_raft_types!(
+    /// The type configuration [`KIND_ENTRY_V2`] records were encoded with.
+    pub(super) TypeConfigV2:
+        D = FleetRequestV2,
+        R = crate::state::FleetResponse,
+        Node = crate::raft::MemberNode,
+);
+
+/// Whether `kind` is an entry record this build reads.
+pub(super) fn is_entry(kind: u8) -> bool {
+    matches!(kind, KIND_ENTRY | KIND_ENTRY_V2 | KIND_ENTRY_V1)
+}
+
+/// Decodes an entry record of any kind this build reads into the current form. An older
+/// kind's commands are encoded here, once per read: the same bytes the current kind would
+/// hold, so they apply exactly as they did when written.
 pub(super) fn decode_entry(kind: u8, payload: &[u8]) -> Result<Entry> {
-    if kind != KIND_ENTRY_V1 {
-        return decode_as(payload, "log entry");
+    match kind {
+        KIND_ENTRY => decode_as(payload, "log entry"),
+        KIND_ENTRY_V2 => {
+            let old: openraft::Entry<TypeConfigV2> = decode_as(payload, "log entry (kind 2)")?;
+            upgraded(old.log_id, old.payload, |request| {
+                (request.now_us, request.limits, request.commands)
+            })
+        }
+        KIND_ENTRY_V1 => {
+            let old: openraft::Entry<TypeConfigV1> = decode_as(payload, "log entry (kind 0)")?;
+            upgraded(old.log_id, old.payload, |request| {
+                let limits = crate::state::StateLimits::UNLIMITED;
+                (request.now_us, limits, request.commands)
+            })
+        }
+        kind => Err(LogStoreError::UnknownEntryKind { kind }),
     }
-    let old: openraft::Entry<TypeConfigV1> = decode_as(payload, "log entry (v1)")?;
-    let payload = match old.payload {
+}
+
+/// An old entry in the current form: `parts` gives its stamp, limits and commands.
+fn upgraded<D>(
+    log_id: LogId,
+    payload: openraft::EntryPayload<
+        impl openraft::RaftTypeConfig<
+            D = D,
+            NodeId = crate::raft::NodeId,
+            Node = crate::raft::MemberNode,
+        >,
+    >,
+    parts: impl FnOnce(D) -> (u64, crate::state::StateLimits, Vec<crate::state::Command>),
+) -> Result<Entry> {
+    let payload = match payload {
         openraft::EntryPayload::Blank => openraft::EntryPayload::Blank,
         openraft::EntryPayload::Membership(m) => openraft::EntryPayload::Membership(m),
         openraft::EntryPayload::Normal(request) => {
+            let (now_us, limits, commands) = parts(request);
+            let commands =
+                crate::state::EncodedCommand::encode_all(&commands).map_err(|source| {
+                    LogStoreError::Codec {
+                        what: "log entry (an old kind's command)",
+                        source,
+                    }
+                })?;
             openraft::EntryPayload::Normal(crate::state::FleetRequest {
-                now_us: request.now_us,
-                limits: crate::state::StateLimits::UNLIMITED,
-                commands: request.commands.into(),
+                now_us,
+                limits,
+                commands: commands.into(),
             })
         }
     };
-    Ok(Entry {
-        log_id: old.log_id,
-        payload,
-    })
+    Ok(Entry { log_id, payload })
 }
 const SUFFIX: &str = ".wal";
 /// The next segment's file once made (zeros, fsynced), and while it is being made.
@@ -504,8 +563,8 @@ impl Wal {
                 .map_err(|e| io_error(&segment.path, "read", e))?;
             for span in spans {
                 let at = (span.offset - first.offset) as usize;
-                let Some((kind @ (KIND_ENTRY | KIND_ENTRY_V1), payload, _)) =
-                    read_record(&bytes, at)
+                let Some((kind, payload, _)) =
+                    read_record(&bytes, at).filter(|(kind, _, _)| is_entry(*kind))
                 else {
                     return Err(corrupt(
                         &segment.path,
@@ -624,7 +683,7 @@ fn replay_segment(
     let misfit = |at: usize, what: String| corrupt(path, format!("record at byte {at}: {what}"));
     while let Some((kind, payload, next)) = read_record(&bytes, at) {
         match kind {
-            KIND_ENTRY | KIND_ENTRY_V1 => {
+            kind if is_entry(kind) => {
                 let entry = decode_entry(kind, payload).map_err(|e| misfit(at, e.to_string()))?;
                 let expected = first_index + spans.len() as u64;
                 if entry.log_id.index != expected {
@@ -647,7 +706,14 @@ fn replay_segment(
                     .map_err(|e| misfit(at, e.to_string()))?;
                 committed = Some(id);
             }
-            other => return Err(misfit(at, format!("unknown kind {other}"))),
+            other => {
+                let newer = if other > KIND_ENTRY {
+                    " (written by a newer version?)"
+                } else {
+                    ""
+                };
+                return Err(misfit(at, format!("unknown kind {other}{newer}")));
+            }
         }
         at = next;
     }

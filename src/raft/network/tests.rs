@@ -347,12 +347,13 @@ fn an_append_too_large_for_one_message_asks_openraft_for_fewer_entries() {
         ttl_ms: 1,
         node: 1,
     };
+    let encoded = crate::state::EncodedCommand::encode(&command).expect("encode");
     let entry = |index: u64, commands: usize| crate::raft::Entry {
         log_id: openraft::LogId::new(openraft::CommittedLeaderId::new(1, 1), index),
         payload: openraft::EntryPayload::Normal(FleetRequest {
             now_us: 1,
             limits: crate::state::StateLimits::UNLIMITED,
-            commands: std::sync::Arc::from(vec![command.clone(); commands]),
+            commands: std::sync::Arc::from(vec![encoded.clone(); commands]),
         }),
     };
     let request = |entries| AppendEntriesRequest::<TypeConfig> {
