@@ -18,7 +18,7 @@ pub(super) enum FleetSender {
     Stream {
         unary: FleetClient<Channel>,
         /// `None` after the stream broke: the next hit opens it again.
-        stream: Option<HitStream>,
+        stream: Option<Box<HitStream>>,
     },
     Client(edge::Client),
 }
@@ -91,7 +91,7 @@ pub(super) async fn senders(plan: &BenchPlan) -> anyhow::Result<Vec<FleetSender>
             .with_context(|| format!("opening a hit stream to {addr}"))?;
         senders.push(FleetSender::Stream {
             unary,
-            stream: Some(stream),
+            stream: Some(Box::new(stream)),
         });
     }
     Ok(senders)
@@ -150,12 +150,12 @@ impl FleetSender {
 /// A hit on the caller's stream; a broken stream is dropped and opened anew by the next hit.
 async fn stream_hit(
     unary: &mut FleetClient<Channel>,
-    stream: &mut Option<HitStream>,
+    stream: &mut Option<Box<HitStream>>,
     request: pb::HitRequest,
 ) -> anyhow::Result<pb::HitResponse> {
     let open = match stream {
         Some(open) => open,
-        None => stream.insert(HitStream::open(unary).await?),
+        None => stream.insert(Box::new(HitStream::open(unary).await?)),
     };
     match open.hit(request).await {
         Ok(response) => Ok(response),
