@@ -6,7 +6,7 @@
 //! loop instead. Reports HDR-histogram latencies, a live progress line and a JSON summary.
 //! A benchmark, never a test: it asserts nothing.
 //!
-//! The callers and the clock live here; how a hit is sent lives in [`fleet`] and `redis`.
+//! The callers and the clock live here; how a hit is sent lives in `fleet.rs` and `redis.rs`.
 
 mod fleet;
 #[cfg(feature = "redis-bench")]
