@@ -120,6 +120,8 @@ pub struct BenchSummary {
     pub not_allowed: u64,
     pub decided_local: u64,
     pub errors: u64,
+    /// The first hit without an answer, and why: what the errors were.
+    pub first_error: Option<String>,
     /// Latency: from when the hit was sent (closed loop) or due (open loop) to its answer.
     pub p50_us: u64,
     pub p90_us: u64,
@@ -160,6 +162,7 @@ struct Counters {
     not_allowed: AtomicU64,
     decided_local: AtomicU64,
     errors: AtomicU64,
+    first_error: std::sync::OnceLock<String>,
     late_starts: AtomicU64,
 }
 
@@ -314,9 +317,13 @@ async fn caller(
 }
 
 fn count(counters: &Counters, answer: anyhow::Result<Answer>) {
-    let Ok(answer) = answer else {
-        counters.errors.fetch_add(1, Ordering::Relaxed);
-        return;
+    let answer = match answer {
+        Ok(answer) => answer,
+        Err(error) => {
+            counters.errors.fetch_add(1, Ordering::Relaxed);
+            let _ = counters.first_error.set(format!("{error:#}"));
+            return;
+        }
     };
     let counter = if answer.allowed {
         &counters.allowed
@@ -408,6 +415,7 @@ pub async fn run(plan: BenchPlan) -> anyhow::Result<BenchSummary> {
         not_allowed: counters.not_allowed.load(Ordering::Relaxed),
         decided_local: counters.decided_local.load(Ordering::Relaxed),
         errors: counters.errors.load(Ordering::Relaxed),
+        first_error: counters.first_error.get().cloned(),
         p50_us: latencies.value_at_quantile(0.50),
         p90_us: latencies.value_at_quantile(0.90),
         p99_us: latencies.value_at_quantile(0.99),
