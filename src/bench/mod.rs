@@ -66,7 +66,8 @@ pub struct BenchPlan {
     pub client: bool,
     /// Open loop: this many hits per second in total, each caller on a fixed schedule of
     /// its share. A hit's latency counts from when it was due, so a stall is not hidden by
-    /// the hits it kept from being sent.
+    /// the hits it kept from being sent. At most --callers hits are in flight: a caller
+    /// behind its schedule sends its late hits back to back.
     #[arg(long = "rate", value_name = "HITS_PER_S")]
     pub rate_per_s: Option<f64>,
     /// Redis at ADDR (host:port) running scripts/redis/hit.lua instead of the fleet: the
