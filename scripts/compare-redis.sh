@@ -1,39 +1,46 @@
 #!/usr/bin/env bash
-# Compares ankusa-fleet (local 3-node Raft fleet) with a single Redis running the same hit
-# (scripts/redis/hit.lua: GCRA charge + two-phase claim), under the same closed-loop
-# workload: one charge + one unique claim per hit, tenants spread, C callers.
+# Compares ankusa-fleet (local 3-node Raft fleet) with a single Redis without persistence
+# running the same hit (scripts/redis/hit.lua: GCRA charge + two-phase claim), driven by the
+# one load generator, `ankusa-fleet bench` (built with the redis-bench feature): one
+# KIND_HOOKS charge + one claim on a unique key per hit, tenants spread, C closed-loop callers.
 #
-#   scripts/compare-redis.sh                   # 10 s per point, callers 1 16 64
+#   scripts/compare-redis.sh                   # 10 s per point
 #   DURATION_S=3 scripts/compare-redis.sh      # quick run
 #
-# The fleet runs twice per caller count: `fleet` (a unary Hit call per hit) and
-# `fleet-stream` (one HitStream per caller, one hit in flight: the same closed loop, without
-# a new HTTP/2 stream per hit, the way Redis callers reuse one connection).
+# Two pairings, each system alone on the machine, in turns (fleet, Redis, fleet, Redis), each
+# on a fresh fleet or a fresh Redis:
+#   plain  fleet: a unary Hit per hit, one connection per caller, callers spread over the
+#                 3 nodes;            Redis: one connection per caller, one EVALSHA at a time.
+#   best   fleet: `--client`, one ankusa-fleet-client Client per node shared by that node's
+#                 callers;            Redis: SHARED_CONNECTIONS connections shared by all
+#                 callers, each pipelining their requests (redis-rs MultiplexedConnection).
+# Beside them: one lone caller through a follower (unary Hit, and the client), one lone
+# Redis caller, and an open loop (`--rate`) at half of each system's best closed-loop rate.
 #
 # Environment:
-#   DURATION_S     seconds per point (default 10)
-#   CALLERS        caller counts (default "1 16 64")
-#   TENANTS        tenant spread (default 1000)
-#   OUT_JSON       raw results (default target/compare-redis.json)
-#   REDIS_PROCS    driver worker processes (default: min(callers, CPUs))
-#   BUILD_TIMEOUT  seconds allowed for cargo build --release (default 3600; waits on locks)
-#   FLEET_PORTS    auto (default): `ankusa-fleet dev` when its fixed ports 7101-7103/7201-7203
-#                  are free, else the same 3 nodes started here on free ports (with dev's
-#                  tokio worker count, TOKIO_WORKER_THREADS if set); dev; free
+#   DURATION_S          seconds per point (default 10)
+#   CALLERS             closed-loop callers of the pairings and the open loop (default 64)
+#   TENANTS             tenant spread (default 1000)
+#   SHARED_CONNECTIONS  Redis connections of the best pairing (default 1)
+#   OUT_JSON            raw results (default target/compare-redis.json)
+#   BUILD_TIMEOUT       seconds allowed for cargo build --release (default 3600; waits on locks)
+#   FLEET_PORTS         auto (default): `ankusa-fleet dev` when its fixed ports 7101-7103/7201-7203
+#                       are free, else the same 3 nodes started here on free ports (with dev's
+#                       tokio worker count, TOKIO_WORKER_THREADS if set); dev; free
 #
-# Needs cargo; installs redis-server (and python3) with apt-get when missing. The fleet is
-# `ankusa-fleet dev` (fixed ports 127.0.0.1:7101-7103 and 7201-7203; see FLEET_PORTS);
-# Redis gets free loopback ports. The systems run one at a time (the fleet, then each
-# Redis), each alone on the machine. Everything started here is stopped on exit.
+# Needs cargo; installs redis-server (and python3) with apt-get when missing. Server CPU per
+# hit is utime+stime of the 3 node processes, or of redis-server, read from /proc before and
+# after each point, over the hits; the load generator's own CPU is reported apart. Everything
+# started here is stopped on exit.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 
 DURATION_S=${DURATION_S:-10}
-CALLERS=${CALLERS:-"1 16 64"}
+CALLERS=${CALLERS:-64}
 TENANTS=${TENANTS:-1000}
+SHARED_CONNECTIONS=${SHARED_CONNECTIONS:-1}
 OUT_JSON=${OUT_JSON:-target/compare-redis.json}
-REDIS_PROCS=${REDIS_PROCS:-0}
 BUILD_TIMEOUT=${BUILD_TIMEOUT:-3600}
 FLEET_PORTS=${FLEET_PORTS:-auto}
 TARGET_DIR=${CARGO_TARGET_DIR:-target}
@@ -44,6 +51,8 @@ log() { printf '== %s\n' "$*" >&2; }
 die() { printf 'compare-redis: %s\n' "$*" >&2; exit 1; }
 
 [[ $DURATION_S =~ ^[1-9][0-9]*$ ]] || die "DURATION_S must be a whole number of seconds"
+[[ $CALLERS =~ ^[1-9][0-9]*$ ]] || die "CALLERS must be one whole number"
+[[ $SHARED_CONNECTIONS =~ ^[1-9][0-9]*$ ]] || die "SHARED_CONNECTIONS must be a whole number"
 
 # ---------------------------------------------------------------- tools
 APT_UPDATED=0
@@ -102,10 +111,13 @@ for s in socks:
 print(" ".join(str(s.getsockname()[1]) for s in socks))' "${1:-1}"
 }
 
+# port_busy PORT: someone listens on it. SO_REUSEADDR as a server binds, so the TIME_WAIT
+# left by a fleet stopped a moment ago does not count.
 port_busy() {
     python3 - "$1" <<'EOF'
 import socket, sys
 s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
 try:
     s.bind(("127.0.0.1", int(sys.argv[1])))
 except OSError:
@@ -114,7 +126,7 @@ sys.exit(1)
 EOF
 }
 
-# Sum of utime+stime (+ waited-for children, e.g. an AOF rewrite) of the given pids, in ticks.
+# Sum of utime+stime (+ waited-for children, e.g. an RDB save) of the given pids, in ticks.
 cpu_ticks() {
     local total=0 pid stat rest
     for pid in "$@"; do
@@ -147,11 +159,22 @@ print(f"{r.ru_utime + r.ru_stime:.3f}")
 EOF
 }
 
-# ---------------------------------------------------------------- build + fleet
-log "cargo build --release (waits if another build holds the lock)"
-timeout "$BUILD_TIMEOUT" cargo build --release --locked --bin ankusa-fleet
+# stop_pids PID... : TERM, then KILL what is left after 10 s (by pid, never by name).
+stop_pids() {
+    local pid
+    for pid in "$@"; do kill -TERM "$pid" 2>/dev/null || true; done
+    for pid in "$@"; do
+        for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.2; done
+        kill -KILL "$pid" 2>/dev/null || true
+    done
+}
+
+# ---------------------------------------------------------------- build
+log "cargo build --release --features redis-bench (waits if another build holds the lock)"
+timeout "$BUILD_TIMEOUT" cargo build --release --locked --features redis-bench --bin ankusa-fleet
 [[ -x $BIN ]] || die "$BIN not built"
 
+# ---------------------------------------------------------------- fleet
 busy_dev_port() {
     local port
     for port in 7101 7102 7103 7201 7202 7203; do
@@ -160,18 +183,27 @@ busy_dev_port() {
     return 1
 }
 
+# set_follower LEADER-ID: FOLLOWER_ADDR is the api address of the node after the leader.
+set_follower() {
+    local addrs
+    IFS=, read -r -a addrs <<<"$FLEET_ADDRS"
+    [[ $1 =~ ^[1-3]$ ]] || die "leader id '$1' is not one of the 3 nodes"
+    FOLLOWER_ADDR=${addrs[$(($1 % 3))]}
+}
+
 # The fleet the normal way: `ankusa-fleet dev` (fixed ports 7101-7103 / 7201-7203).
 start_dev_fleet() {
-    log "starting the dev fleet in $WORK/fleet"
-    "$BIN" dev --data-dir "$WORK/fleet" >"$WORK/dev.log" 2>&1 &
+    local dir=$1
+    log "starting the dev fleet in $dir"
+    "$BIN" dev --data-dir "$dir" >"$dir.log" 2>&1 &
     DEV_PID=$!
     for _ in $(seq 600); do   # 60 s; dev itself gives up after 30 s
-        grep -q 'leader is node' "$WORK/dev.log" && break
-        kill -0 "$DEV_PID" 2>/dev/null || { cat "$WORK/dev.log" >&2; die "dev exited"; }
+        grep -q 'leader is node' "$dir.log" && break
+        kill -0 "$DEV_PID" 2>/dev/null || { cat "$dir.log" >&2; die "dev exited"; }
         sleep 0.1
     done
-    grep -q 'leader is node' "$WORK/dev.log" || { cat "$WORK/dev.log" >&2; die "no leader within 60 s"; }
-    grep 'leader is node' "$WORK/dev.log" >&2
+    grep -q 'leader is node' "$dir.log" || { cat "$dir.log" >&2; die "no leader within 60 s"; }
+    grep 'leader is node' "$dir.log" >&2
     NODE_PIDS=$(cat /proc/"$DEV_PID"/task/*/children 2>/dev/null | tr ' ' '\n' | grep -E '^[0-9]+$' | sort -n | tr '\n' ' ' || true)
     NODE_PIDS=${NODE_PIDS% }
     [[ $(wc -w <<<"$NODE_PIDS") == 3 ]] || die "expected 3 node processes under dev ($DEV_PID), found: '$NODE_PIDS'"
@@ -181,6 +213,7 @@ start_dev_fleet() {
     done
     FLEET_ADDRS=127.0.0.1:7101,127.0.0.1:7102,127.0.0.1:7103
     FLEET_MODE="ankusa-fleet dev"
+    set_follower "$(grep -oE 'leader is node [0-9]+' "$dir.log" | head -n1 | awk '{print $4}')"
 }
 
 # The same 3 nodes as dev (cluster-configs/local-3, as dev embeds them) with every port
@@ -189,9 +222,10 @@ start_dev_fleet() {
 # worker): with tokio's default of one worker per core, three nodes on 2 cores measured
 # 26.2k streaming hits/s at 42.5 us/hit against 29.3k at 35.8 (64 callers).
 start_free_port_fleet() {
+    local dir=$1
     local workers=${TOKIO_WORKER_THREADS:-$(( $(nproc) / 3 > 0 ? $(nproc) / 3 : 1 ))}
-    log "starting 3 serve nodes (local-3 configs) on free ports in $WORK/fleet"
-    mkdir -p "$WORK/fleet"
+    log "starting 3 serve nodes (local-3 configs) on free ports in $dir"
+    mkdir -p "$dir"
     local subst=() n old addrs=() pid ports
     read -r -a ports <<<"$(free_port 6)"
     for n in 0 1 2 3 4 5; do
@@ -199,14 +233,14 @@ start_free_port_fleet() {
         subst+=(-e "s/127\.0\.0\.1:$old\"/127.0.0.1:${ports[n]}\"/g")
         if ((n < 3)); then addrs+=("127.0.0.1:${ports[n]}"); fi
     done
-    "$BIN" certs --out "$WORK/fleet/certs" --nodes 3 >/dev/null
+    "$BIN" certs --out "$dir/certs" --nodes 3 >/dev/null
     for n in 1 2 3; do
         sed "${subst[@]}" \
-            -e "s#^data_dir = .*#data_dir = \"$WORK/fleet/node$n\"#" \
-            -e "s#data/local-3/certs#$WORK/fleet/certs#g" \
-            "cluster-configs/local-3/node$n.toml" >"$WORK/fleet/node$n.toml"
-        TOKIO_WORKER_THREADS=$workers "$BIN" serve --config "$WORK/fleet/node$n.toml" \
-            >"$WORK/fleet/node$n.log" 2>&1 &
+            -e "s#^data_dir = .*#data_dir = \"$dir/node$n\"#" \
+            -e "s#data/local-3/certs#$dir/certs#g" \
+            "cluster-configs/local-3/node$n.toml" >"$dir/node$n.toml"
+        TOKIO_WORKER_THREADS=$workers "$BIN" serve --config "$dir/node$n.toml" \
+            >"$dir/node$n.log" 2>&1 &
         pid=$!
         NODE_PIDS="$NODE_PIDS $pid"
     done
@@ -216,46 +250,65 @@ start_free_port_fleet() {
     local lines ids
     for _ in $(seq 120); do   # 60 s
         for pid in $NODE_PIDS; do
-            kill -0 "$pid" 2>/dev/null || { tail -n 20 "$WORK"/fleet/node*.log >&2; die "node $pid exited"; }
+            kill -0 "$pid" 2>/dev/null || { tail -n 20 "$dir"/node*.log >&2; die "node $pid exited"; }
         done
         lines=$(for n in 1 2 3; do
-            timeout 5 "$BIN" cluster status --config "$WORK/fleet/node$n.toml" 2>/dev/null | head -n1 || true
+            timeout 5 "$BIN" cluster status --config "$dir/node$n.toml" 2>/dev/null | head -n1 || true
         done)
         ids=$(grep -oE 'leader [1-9][0-9]*' <<<"$lines" | awk '{print $2}' || true)
         if [[ $(grep -c . <<<"$ids" || true) == 3 && $(sort -u <<<"$ids" | wc -l) == 1 ]]; then
             log "ankusa-fleet: 3 nodes up, leader is node $(head -n1 <<<"$ids") (api $FLEET_ADDRS)"
+            set_follower "$(head -n1 <<<"$ids")"
             return 0
         fi
         sleep 0.5
     done
-    tail -n 20 "$WORK"/fleet/node*.log >&2
+    tail -n 20 "$dir"/node*.log >&2
     die "no leader within 60 s"
 }
 
-case $FLEET_PORTS in
-    dev|auto)
-        if busy=$(busy_dev_port); then
-            [[ $FLEET_PORTS == dev ]] && die "127.0.0.1:$busy is in use; the dev fleet needs 7101-7103 and 7201-7203"
-            log "127.0.0.1:$busy is in use (another fleet running?): not using dev"
-            start_free_port_fleet
-        else
-            start_dev_fleet
-        fi ;;
-    free) start_free_port_fleet ;;
-    *) die "FLEET_PORTS must be auto, dev or free" ;;
-esac
-log "fleet nodes: pids $NODE_PIDS"
+# start_fleet NAME: a fresh fleet in $WORK/fleet-NAME; sets NODE_PIDS, FLEET_ADDRS,
+# FOLLOWER_ADDR and FLEET_MODE. The first start settles FLEET_PORTS for the later ones, so
+# every pairing runs the same kind of fleet.
+start_fleet() {
+    local dir="$WORK/fleet-$1" busy
+    case $FLEET_PORTS in
+        dev|auto)
+            if busy=$(busy_dev_port); then
+                [[ $FLEET_PORTS == dev ]] && die "127.0.0.1:$busy is in use; the dev fleet needs 7101-7103 and 7201-7203"
+                log "127.0.0.1:$busy is in use (another fleet running?): not using dev"
+                start_free_port_fleet "$dir"
+                FLEET_PORTS=free
+            else
+                start_dev_fleet "$dir"
+                FLEET_PORTS=dev
+            fi ;;
+        free) start_free_port_fleet "$dir" ;;
+        *) die "FLEET_PORTS must be auto, dev or free" ;;
+    esac
+    log "fleet nodes: pids $NODE_PIDS, a follower at $FOLLOWER_ADDR"
+}
+
+stop_fleet() {
+    log "stopping the fleet"
+    if [[ -n $DEV_PID ]]; then stop_pids "$DEV_PID"; fi
+    # shellcheck disable=SC2086
+    stop_pids $NODE_PIDS
+    # Stopped and reaped: the exit cleanup must not signal these pids again (they may be reused).
+    DEV_PID="" NODE_PIDS=""
+    rm -rf "$WORK"/fleet-*
+}
 
 # ---------------------------------------------------------------- redis
-# start_redis NAME EXTRA-ARGS... : sets REDIS_PORT and REDIS_PID
+# start_redis NAME: a fresh Redis without persistence; sets REDIS_ADDR and REDIS_PID.
 start_redis() {
-    local name=$1; shift
+    local name=$1
     local dir="$WORK/redis-$name" port
     mkdir -p "$dir"
     port=$(free_port)
     "$REDIS_SERVER" --bind 127.0.0.1 --port "$port" --protected-mode yes \
-        --dir "$dir" --dbfilename dump.rdb --save '' --daemonize no \
-        --logfile "$dir/redis.log" "$@" &
+        --dir "$dir" --dbfilename dump.rdb --save '' --appendonly no --daemonize no \
+        --logfile "$dir/redis.log" &
     REDIS_PID=$!
     REDIS_PIDS="$REDIS_PIDS $REDIS_PID"
     for _ in $(seq 100); do
@@ -268,20 +321,17 @@ EOF
         kill -0 "$REDIS_PID" 2>/dev/null || { cat "$dir/redis.log" >&2; die "redis ($name) exited"; }
         sleep 0.1
     done
-    REDIS_PORT=$port
+    REDIS_ADDR=127.0.0.1:$port
     timeout 30 python3 scripts/redis/bench_redis.py --port "$port" --script scripts/redis/hit.lua --check >/dev/null \
         || die "hit.lua check failed on redis ($name)"
-    log "redis ($name): port $port pid $REDIS_PID ($("$REDIS_SERVER" --version | awk '{print $3}' | sed 's/^v=//'))"
+    log "redis ($name): $REDIS_ADDR pid $REDIS_PID ($("$REDIS_SERVER" --version | awk '{print $3}' | sed 's/^v=//'))"
 }
 
-# stop_pids PID... : TERM, then KILL what is left after 10 s (by pid, never by name).
-stop_pids() {
-    local pid
-    for pid in "$@"; do kill -TERM "$pid" 2>/dev/null || true; done
-    for pid in "$@"; do
-        for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.2; done
-        kill -KILL "$pid" 2>/dev/null || true
-    done
+stop_redis() {
+    stop_pids "$REDIS_PID"
+    local kept="" pid
+    for pid in $REDIS_PIDS; do [[ $pid == "$REDIS_PID" ]] || kept="$kept $pid"; done
+    REDIS_PIDS=$kept
 }
 
 # ---------------------------------------------------------------- points
@@ -293,29 +343,41 @@ import json, sys
 r = json.loads(sys.stdin.read())
 s = r["summary"]
 cpu = r["server_cpu_s"] * 1e6 / s["hits"] if s["hits"] else float("nan")
-bad = " ".join("%s=%s" % (k, s[k]) for k in ("errors", "not_allowed", "decided_local") if s.get(k))
-print("   %-15s callers %3d: %9.0f hits/s  p50 %6d us  p99 %7d us  server CPU %6.1f us/hit  %s"
-      % (r["system"], r["callers"], s["hits_per_s"], s["p50_us"], s["p99_us"], cpu, bad))
+bad = " ".join("%s=%s" % (k, s[k]) for k in ("errors", "not_allowed", "decided_local", "late_starts") if s.get(k))
+print("   %-13s %-6s %3d callers: %9.0f hits/s  p50 %6d us  p99 %7d us  server CPU %6.1f us/hit  %s"
+      % (r["point"], r["system"], s["callers"], s["hits_per_s"], s["p50_us"], s["p99_us"], cpu, bad))
 '
 
-# point SYSTEM CALLERS SERVER-PIDS -- CMD...
+# point NAME SYSTEM SERVER-PIDS -- BENCH-ARGS... : one `bench` run, with the servers' CPU.
 point() {
-    local system=$1 callers=$2 pids=$3; shift 4
-    local out="$WORK/$system-$callers.json" before after client_cpu
+    local name=$1 system=$2 pids=$3; shift 4
+    local out="$WORK/$name-$system.json" before after client_cpu
+    log "$name, $system: bench $*"
     # shellcheck disable=SC2086
     before=$(cpu_ticks $pids)
-    client_cpu=$(run_timed "$out" "$@") || die "$system with $callers callers failed"
+    client_cpu=$(run_timed "$out" "$BIN" bench --duration-s "$DURATION_S" --tenants "$TENANTS" "$@") \
+        || die "$name against $system failed"
     # shellcheck disable=SC2086
     after=$(cpu_ticks $pids)
-    python3 - "$system" "$callers" "$((after - before))" "$CLK_TCK" "$client_cpu" "$out" >>"$RESULTS" <<'EOF'
+    python3 - "$name" "$system" "$((after - before))" "$CLK_TCK" "$client_cpu" "$out" >>"$RESULTS" <<'EOF'
 import json, sys
-system, callers, ticks, clk, client_cpu, out = sys.argv[1:]
+name, system, ticks, clk, client_cpu, out = sys.argv[1:]
 summary = json.load(open(out))
-print(json.dumps({"system": system, "callers": int(callers),
-                  "server_cpu_s": int(ticks) / int(clk),
+print(json.dumps({"point": name, "system": system, "server_cpu_s": int(ticks) / int(clk),
                   "client_cpu_s": float(client_cpu), "summary": summary}))
 EOF
     tail -n1 "$RESULTS" | python3 -c "$PROGRESS_PY" >&2
+}
+
+# hits_per_s NAME SYSTEM: a point's closed-loop rate, whole hits per second.
+hits_per_s() {
+    python3 - "$RESULTS" "$1" "$2" <<'EOF'
+import json, sys
+path, name, system = sys.argv[1:]
+rows = [json.loads(l) for l in open(path) if l.strip()]
+print(max(1, int(next(r["summary"]["hits_per_s"] for r in rows
+                      if r["point"] == name and r["system"] == system))))
+EOF
 }
 
 # Idle server CPU (heartbeats, cron), to read the per-hit numbers against: CPU s per s.
@@ -328,97 +390,93 @@ idle_cpu() {
     python3 -c "print(round(($a - $b) / $CLK_TCK / 2, 4))"
 }
 
-# Each system runs alone: the fleet's points first, then the fleet is stopped and each Redis
-# is started, measured and stopped in turn. A system idling beside another still works in
-# the background (the fleet's snapshots and expiries, Redis' expiry cycle and AOF writes);
-# alone, that work lands in its own points and takes nothing from the other's. (Measured
-# once in round 7, the order moved neither side much: fleet 64-caller stream 23.6k hits/s at
-# 47.6 µs/hit alone vs 23.4k at 48.1 beside both Redis servers.)
-log "warm-up of the fleet (1 s, not reported)"
-run_timed "$WORK/warm-fleet.json" "$BIN" bench --addrs "$FLEET_ADDRS" --callers 16 --duration-s 1 --tenants "$TENANTS" >/dev/null
+# warm_up SYSTEM BENCH-ARGS... : 1 s, not reported (connections, first allocations).
+warm_up() {
+    local system=$1; shift
+    log "warm-up of $system (1 s, not reported)"
+    run_timed "$WORK/warm-$system.json" "$BIN" bench --callers 16 --duration-s 1 --tenants "$TENANTS" "$@" >/dev/null
+}
+
+# Each system runs alone, started fresh for each pairing, in turns: a system idling beside
+# another still works in the background (the fleet's snapshots and expiries, Redis' expiry
+# cycle), and a fleet's state grows with every hit it took.
+start_fleet plain
+warm_up fleet --addrs "$FLEET_ADDRS"
 IDLE_FLEET=$(idle_cpu "$NODE_PIDS")
 log "idle server CPU (s per s): fleet $IDLE_FLEET"
-for c in $CALLERS; do
-    log "fleet, callers $c, ${DURATION_S}s per point"
-    # shellcheck disable=SC2086
-    point fleet "$c" "$NODE_PIDS" -- "$BIN" bench --addrs "$FLEET_ADDRS" --callers "$c" --duration-s "$DURATION_S" --tenants "$TENANTS"
-    # shellcheck disable=SC2086
-    point fleet-stream "$c" "$NODE_PIDS" -- "$BIN" bench --stream --addrs "$FLEET_ADDRS" --callers "$c" --duration-s "$DURATION_S" --tenants "$TENANTS"
-done
-log "stopping the fleet"
-if [[ -n $DEV_PID ]]; then stop_pids "$DEV_PID"; fi
-# shellcheck disable=SC2086
-stop_pids $NODE_PIDS
-# Stopped and reaped: the exit cleanup must not signal these pids again (they may be reused).
-DEV_PID="" NODE_PIDS=""
+point plain fleet "$NODE_PIDS" -- --addrs "$FLEET_ADDRS" --callers "$CALLERS"
+point lone-hit fleet "$NODE_PIDS" -- --addrs "$FOLLOWER_ADDR" --callers 1
+point lone-client fleet "$NODE_PIDS" -- --addrs "$FOLLOWER_ADDR" --callers 1 --client
+stop_fleet
 
-# redis_points NAME REDIS-ARGS... : starts that Redis, measures it alone, stops it.
-redis_points() {
-    local name=$1; shift
-    start_redis "$name" "$@"
-    log "warm-up of redis-$name (1 s, not reported)"
-    run_timed "$WORK/warm-$name.json" python3 scripts/redis/bench_redis.py --port "$REDIS_PORT" \
-        --script scripts/redis/hit.lua --callers 16 --duration-s 1 --tenants "$TENANTS" >/dev/null
-    IDLE_REDIS=$(idle_cpu "$REDIS_PID")
-    log "idle server CPU (s per s): redis-$name $IDLE_REDIS"
-    for c in $CALLERS; do
-        point "redis-$name" "$c" "$REDIS_PID" -- python3 scripts/redis/bench_redis.py --port "$REDIS_PORT" \
-            --script scripts/redis/hit.lua --callers "$c" --duration-s "$DURATION_S" --tenants "$TENANTS" --procs "$REDIS_PROCS"
-    done
-    stop_pids "$REDIS_PID"
-    local kept="" pid
-    for pid in $REDIS_PIDS; do [[ $pid == "$REDIS_PID" ]] || kept="$kept $pid"; done
-    REDIS_PIDS=$kept
-}
-redis_points none --appendonly no
-IDLE_NONE=$IDLE_REDIS
-redis_points everysec --appendonly yes --appendfsync everysec
-IDLE_EVERYSEC=$IDLE_REDIS
+start_redis plain
+warm_up redis --redis "$REDIS_ADDR"
+IDLE_REDIS=$(idle_cpu "$REDIS_PID")
+log "idle server CPU (s per s): redis $IDLE_REDIS"
+point plain redis "$REDIS_PID" -- --redis "$REDIS_ADDR" --callers "$CALLERS"
+point lone redis "$REDIS_PID" -- --redis "$REDIS_ADDR" --callers 1
+stop_redis
+
+start_fleet best
+warm_up fleet --addrs "$FLEET_ADDRS" --client
+point best fleet "$NODE_PIDS" -- --addrs "$FLEET_ADDRS" --callers "$CALLERS" --client
+RATE=$(( $(hits_per_s best fleet) / 2 ))
+point open-half fleet "$NODE_PIDS" -- --addrs "$FLEET_ADDRS" --callers "$CALLERS" --client --rate "$RATE"
+stop_fleet
+
+start_redis best
+warm_up redis --redis "$REDIS_ADDR" --shared-connections "$SHARED_CONNECTIONS"
+point best redis "$REDIS_PID" -- --redis "$REDIS_ADDR" --callers "$CALLERS" --shared-connections "$SHARED_CONNECTIONS"
+RATE=$(( $(hits_per_s best redis) / 2 ))
+point open-half redis "$REDIS_PID" -- --redis "$REDIS_ADDR" --callers "$CALLERS" \
+    --shared-connections "$SHARED_CONNECTIONS" --rate "$RATE"
+stop_redis
 
 # ---------------------------------------------------------------- report
 mkdir -p "$(dirname "$OUT_JSON")"
-FLEET_MODE=$FLEET_MODE IDLE_JSON="{\"fleet\": $IDLE_FLEET, \"redis-none\": $IDLE_NONE, \"redis-everysec\": $IDLE_EVERYSEC}" \
+FLEET_MODE=$FLEET_MODE IDLE_JSON="{\"fleet\": $IDLE_FLEET, \"redis\": $IDLE_REDIS}" \
 REDIS_VERSION=$("$REDIS_SERVER" --version | awk '{print $3}' | sed 's/^v=//') \
-python3 - "$RESULTS" "$OUT_JSON" "$DURATION_S" "$TENANTS" <<'EOF'
+python3 - "$RESULTS" "$OUT_JSON" "$DURATION_S" "$TENANTS" "$CALLERS" "$SHARED_CONNECTIONS" <<'EOF'
 import json, os, platform, sys, time
-results_path, out_path, duration_s, tenants = sys.argv[1:]
+results_path, out_path, duration_s, tenants, callers, shared = sys.argv[1:]
 rows = [json.loads(l) for l in open(results_path) if l.strip()]
 for r in rows:
     s = r["summary"]
     r["server_cpu_us_per_hit"] = r["server_cpu_s"] * 1e6 / s["hits"] if s["hits"] else None
     r["client_cpu_us_per_hit"] = r["client_cpu_s"] * 1e6 / s["hits"] if s["hits"] else None
-by = {(r["system"], r["callers"]): r for r in rows}
-callers = sorted({r["callers"] for r in rows})
-fleets = ["fleet", "fleet-stream"]  # unary Hit per hit / one HitStream per caller
-systems = fleets + ["redis-none", "redis-everysec"]
+by = {(r["point"], r["system"]): r for r in rows}
 
 def ratio(a, b):
     return a / b if a is not None and b else None
 
-ratios = []
-for c, fleet in ((c, fleet) for c in callers for fleet in fleets):
-    f, n, e = (by.get((s, c)) for s in (fleet, "redis-none", "redis-everysec"))
-    if not (f and n and e):
+pairings = []
+for name in ("plain", "best"):
+    f, r = by.get((name, "fleet")), by.get((name, "redis"))
+    if not (f and r):
         continue
-    ratios.append({
-        "callers": c,
-        "fleet": fleet,
-        "hits_per_s_fleet_over_redis_everysec": ratio(f["summary"]["hits_per_s"], e["summary"]["hits_per_s"]),
-        "hits_per_s_fleet_over_redis_none": ratio(f["summary"]["hits_per_s"], n["summary"]["hits_per_s"]),
-        "cpu_per_hit_fleet_over_redis_everysec": ratio(f["server_cpu_us_per_hit"], e["server_cpu_us_per_hit"]),
-        "cpu_per_hit_fleet_over_redis_none": ratio(f["server_cpu_us_per_hit"], n["server_cpu_us_per_hit"]),
+    pairings.append({
+        "pairing": name,
+        "fleet_hits_per_s": f["summary"]["hits_per_s"],
+        "fleet_cpu_us_per_hit": f["server_cpu_us_per_hit"],
+        "redis_hits_per_s": r["summary"]["hits_per_s"],
+        "redis_cpu_us_per_hit": r["server_cpu_us_per_hit"],
+        "hits_per_s_fleet_over_redis": ratio(f["summary"]["hits_per_s"], r["summary"]["hits_per_s"]),
+        "cpu_per_hit_fleet_over_redis": ratio(f["server_cpu_us_per_hit"], r["server_cpu_us_per_hit"]),
     })
 
 doc = {
     "generated_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-    "duration_s": int(duration_s), "tenants": int(tenants),
-    "host": {"cpus": os.cpu_count(), "kernel": platform.release()},
+    "duration_s": int(duration_s), "tenants": int(tenants), "callers": int(callers),
+    "redis_shared_connections": int(shared),
+    "host": {"cpus": os.cpu_count(), "kernel": platform.release(),
+             "load_average": os.getloadavg()},
     "redis_version": os.environ.get("REDIS_VERSION"),
-    "workload": "closed loop; per hit 1 GCRA charge (hooks, increment 1 us, capacity 1e9 us) "
-                "+ 1 unique claim (pending_ttl 60 s); fleet: 3 nodes, callers spread over them",
+    "workload": "per hit 1 GCRA charge (hooks, increment 1 us, capacity 1e9 us) + 1 unique "
+                "claim (pending_ttl 60 s); fleet: 3 nodes, callers spread over them; "
+                "Redis: no persistence",
     "fleet_nodes": os.environ.get("FLEET_MODE"),
     "idle_server_cpu_s_per_s": json.loads(os.environ["IDLE_JSON"]),
-    "points": rows, "ratios": ratios,
+    "points": rows, "pairings": pairings,
 }
 with open(out_path, "w") as f:
     json.dump(doc, f, indent=2)
@@ -426,37 +484,39 @@ with open(out_path, "w") as f:
 def fmt(x, spec):
     return format(x, spec) if x is not None else "-"
 
+def ms(us):
+    return f"{us / 1000:.2f} ms"
+
+labels = {
+    "plain": "plain: one connection per caller, unary `Hit` / one `EVALSHA` at a time per connection",
+    "best": f"best: one `Client` per node shared by its callers / {shared} shared pipelining connection(s)",
+}
 print()
-print(f"ankusa-fleet ({doc['fleet_nodes']}) vs one Redis {doc['redis_version']} running hit.lua;"
-      f" {duration_s}s per point, {tenants} tenants, {os.cpu_count()} CPUs")
-print("server CPU = utime+stime of the 3 node processes / of redis-server, per hit;"
-      " client CPU = the load generator's own")
-idle = doc["idle_server_cpu_s_per_s"]
-print("idle server CPU (s per s, included above): " + ", ".join(f"{k} {v}" for k, v in idle.items()))
+print(f"ankusa-fleet ({doc['fleet_nodes']}) vs one Redis {doc['redis_version']} (no persistence)"
+      f" running hit.lua; {callers} closed-loop callers, {duration_s} s per point,"
+      f" {tenants} tenants, {os.cpu_count()} CPUs, {doc['generated_at']}")
+print("server CPU per hit = utime+stime of the 3 node processes / of redis-server over the hits;"
+      " idle server CPU (s per s, included): "
+      + ", ".join(f"{k} {v}" for k, v in doc["idle_server_cpu_s_per_s"].items()))
 print()
-hdr = f"{'callers':>7}  {'system':<15} {'hits/s':>9} {'p50 us':>8} {'p99 us':>8} {'CPU us/hit':>10}  {'client CPU us/hit':>17}"
-print(hdr)
-print("-" * len(hdr))
-for c in callers:
-    for s in systems:
-        r = by.get((s, c))
-        if not r:
-            continue
-        m = r["summary"]
-        flag = []
-        for k in ("errors", "not_allowed", "decided_local"):
-            if m.get(k):
-                flag.append(f"{k}={m[k]}")
-        print(f"{c:>7}  {s:<15} {m['hits_per_s']:>9.0f} {m['p50_us']:>8} {m['p99_us']:>8}"
-              f" {fmt(r['server_cpu_us_per_hit'], '10.1f')}  {fmt(r['client_cpu_us_per_hit'], '17.1f')}"
-              f"  {' '.join(flag)}")
+print("| pairing | fleet hits/s | fleet server CPU per hit (3 nodes) | Redis hits/s | Redis CPU per hit | ratio | CPU per hit, fleet/Redis |")
+print("|---|---|---|---|---|---|---|")
+for p in pairings:
+    print(f"| {labels[p['pairing']]} | {p['fleet_hits_per_s']:,.0f} | {fmt(p['fleet_cpu_us_per_hit'], '.1f')} µs"
+          f" | {p['redis_hits_per_s']:,.0f} | {fmt(p['redis_cpu_us_per_hit'], '.1f')} µs"
+          f" | {fmt(p['hits_per_s_fleet_over_redis'], '.2f')} | {fmt(p['cpu_per_hit_fleet_over_redis'], '.1f')} |")
 print()
-print(f"{'callers':>7}  {'fleet':<13} {'hits/s fleet/everysec':>21} {'hits/s fleet/none':>17} {'CPU fleet/everysec':>18} {'CPU fleet/none':>14}")
-for r in ratios:
-    print(f"{r['callers']:>7}  {r['fleet']:<13} {fmt(r['hits_per_s_fleet_over_redis_everysec'], '21.2f')}"
-          f" {fmt(r['hits_per_s_fleet_over_redis_none'], '17.2f')}"
-          f" {fmt(r['cpu_per_hit_fleet_over_redis_everysec'], '18.1f')}"
-          f" {fmt(r['cpu_per_hit_fleet_over_redis_none'], '14.1f')}")
+print("| point | system | bench | callers | hits/s | p50 | p99 | p999 | max | late starts | server CPU/hit | bench CPU/hit |")
+print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+for r in rows:
+    m = r["summary"]
+    rate = f" --rate {m['rate_per_s']:.0f}" if m.get("rate_per_s") else ""
+    flags = " ".join(f"{k}={m[k]}" for k in ("errors", "not_allowed", "decided_local") if m.get(k))
+    late = str(m["late_starts"]) if m.get("rate_per_s") else "-"
+    print(f"| {r['point']} | {r['system']} | {m['target']}{rate}{(' ' + flags) if flags else ''}"
+          f" | {m['callers']} | {m['hits_per_s']:,.0f} | {ms(m['p50_us'])} | {ms(m['p99_us'])}"
+          f" | {ms(m['p999_us'])} | {ms(m['max_us'])} | {late}"
+          f" | {fmt(r['server_cpu_us_per_hit'], '.1f')} µs | {fmt(r['client_cpu_us_per_hit'], '.1f')} µs |")
 print()
 print(f"raw results: {out_path}")
 EOF

@@ -37,7 +37,8 @@ enum Cmd {
         #[arg(long, default_value = "data/dev")]
         data_dir: PathBuf,
     },
-    /// Closed-loop load against a running fleet; prints a JSON summary.
+    /// Load against a running fleet (or Redis running hit.lua, with the redis-bench
+    /// feature), closed or open loop; prints a JSON summary.
     Bench(bench::BenchPlan),
     /// What one snapshot costs here (encode, store, load), apart from a fleet; prints a
     /// JSON summary.

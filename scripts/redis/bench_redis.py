@@ -1,13 +1,14 @@
 #!/usr/bin/env python3
-"""Closed-loop Redis load driver for scripts/compare-redis.sh (standard library only).
+"""Closed-loop Redis load driver and hit.lua checker (standard library only).
 
-The Redis twin of `ankusa-fleet bench`: C callers, each on its own connection, send one
-EVALSHA of hit.lua at a time (one charge + one unique claim per hit, tenants spread like
-the fleet bench), for a fixed duration. Callers are spread over a few worker processes,
-each an asyncio loop driven from the protocol callbacks (no coroutine per request), to keep
-the Python side's cost per hit as low as it goes. Prints a JSON summary shaped like the
-fleet bench's (hits_per_s, p50_us, p99_us, ...). A benchmark: it asserts nothing.
-"""
+scripts/compare-redis.sh uses it only for `--check` (hit.lua's answers, once, on a fresh
+Redis); its load now comes from `ankusa-fleet bench --redis` (the redis-bench feature),
+the same load generator as the fleet's. The driver stays as a second opinion that needs no
+Rust build: C callers, each on its own connection, send one EVALSHA of hit.lua at a time
+(one charge + one unique claim per hit, tenants spread), for a fixed duration, over a few
+worker processes, each an asyncio loop driven from the protocol callbacks. Prints a JSON
+summary shaped like the fleet bench's (hits_per_s, p50_us, p99_us, ...). A benchmark: it
+asserts nothing."""
 
 import argparse
 import array
