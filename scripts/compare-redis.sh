@@ -24,6 +24,7 @@
 #   SHARED_CONNECTIONS  Redis connections of the best pairing (default 1)
 #   OUT_JSON            raw results (default target/compare-redis.json)
 #   BUILD_TIMEOUT       seconds allowed for cargo build --release (default 3600; waits on locks)
+#   BIN                 run this binary (built with --features redis-bench) instead of building
 #   FLEET_PORTS         auto (default): `ankusa-fleet dev` when its fixed ports 7101-7103/7201-7203
 #                       are free, else the same 3 nodes started here on free ports (with dev's
 #                       tokio worker count, TOKIO_WORKER_THREADS if set); dev; free
@@ -44,7 +45,9 @@ OUT_JSON=${OUT_JSON:-target/compare-redis.json}
 BUILD_TIMEOUT=${BUILD_TIMEOUT:-3600}
 FLEET_PORTS=${FLEET_PORTS:-auto}
 TARGET_DIR=${CARGO_TARGET_DIR:-target}
-BIN=$TARGET_DIR/release/ankusa-fleet
+# BIN: a binary built with --features redis-bench to run instead of building this tree's
+# (an earlier build, for a before/after pair measured in one sitting).
+BIN=${BIN:-}
 POINT_TIMEOUT=$((DURATION_S + 90))
 
 log() { printf '== %s\n' "$*" >&2; }
@@ -170,8 +173,11 @@ stop_pids() {
 }
 
 # ---------------------------------------------------------------- build
-log "cargo build --release --features redis-bench (waits if another build holds the lock)"
-timeout "$BUILD_TIMEOUT" cargo build --release --locked --features redis-bench --bin ankusa-fleet
+if [[ -z $BIN ]]; then
+    BIN=$TARGET_DIR/release/ankusa-fleet
+    log "cargo build --release --features redis-bench (waits if another build holds the lock)"
+    timeout "$BUILD_TIMEOUT" cargo build --release --locked --features redis-bench --bin ankusa-fleet
+fi
 [[ -x $BIN ]] || die "$BIN not built"
 
 # ---------------------------------------------------------------- fleet
