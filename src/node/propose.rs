@@ -15,7 +15,10 @@
 //! group, is already on its way. Waiting a moment for them merges the groups, so entries
 //! and forwards carry more commands for less CPU per hit (docs/decisions/006). Followers
 //! wait for a bigger share of their last forward than the leader of its last entry
-//! (`FOLLOWER_LINGER_SHARE`). A lone caller never lingers.
+//! (`FOLLOWER_LINGER_SHARE`). A lone caller never lingers, and only local callers' lone
+//! commands are lingered for (`Queued::lingers`): an edge's `HitBatch` frame or a
+//! follower's forward is gathered by its sender, which sends the next one only once this
+//! one is answered.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -44,6 +47,12 @@ struct Queued {
     commands: Vec<EncodedCommand>,
     /// How many commands the unit brought (its share of the batch's answers).
     count: usize,
+    /// What a busy batch lingers for: a local caller's lone command, whose caller sends
+    /// again as soon as the batch before is answered. Not an edge's `HitBatch` frame, nor
+    /// a follower's forward: their senders gather commands themselves and send the next
+    /// unit only once this one is answered (a frame's client, a follower's batcher behind
+    /// its forward slots), so a batch waiting for them stalls until the linger runs out.
+    lingers: bool,
     deadline: Instant,
     reply: oneshot::Sender<ProposeResponse>,
 }
@@ -148,7 +157,7 @@ impl Proposer {
         command: EncodedCommand,
         deadline: Instant,
     ) -> Result<Answer, ProposeRefusal> {
-        let mut answers = self.enqueue(vec![command], deadline).await?;
+        let mut answers = self.enqueue(vec![command], deadline, true).await?;
         answers.pop().ok_or_else(|| ProposeRefusal::Fatal {
             reason: "the fleet returned no answer".to_owned(),
         })
@@ -164,20 +173,26 @@ impl Proposer {
         commands: Vec<EncodedCommand>,
         deadline: Instant,
     ) -> ProposeResponse {
-        self.enqueue(commands, deadline).await
+        self.enqueue(commands, deadline, false).await
     }
 
     /// Commits a forwarded batch as one unit of the queue, so batches from several followers
     /// and the leader's own callers share log entries.
     pub async fn propose_all(&self, request: ProposeRequest) -> ProposeResponse {
         let deadline = Instant::now() + Duration::from_millis(request.timeout_ms);
-        self.enqueue(request.commands, deadline).await
+        self.enqueue(request.commands, deadline, false).await
     }
 
-    async fn enqueue(&self, commands: Vec<EncodedCommand>, deadline: Instant) -> ProposeResponse {
+    async fn enqueue(
+        &self,
+        commands: Vec<EncodedCommand>,
+        deadline: Instant,
+        lingers: bool,
+    ) -> ProposeResponse {
         let (reply, answers) = oneshot::channel();
         let queued = Queued {
             count: commands.len(),
+            lingers,
             commands,
             deadline,
             reply,
@@ -254,7 +269,8 @@ async fn run_batcher(
     let forward_slots = Arc::new(Semaphore::new(limits.forwards_in_flight_max));
     // A unit that did not fit the last batch starts the next one.
     let mut carried: Option<Queued> = None;
-    // Commands in the last batch (an entry while leading, a forward while following).
+    // Lingering commands (`Queued::lingers`) in the last batch (an entry while leading, a
+    // forward while following).
     let mut previous = 0;
     loop {
         let first = match carried.take() {
@@ -281,14 +297,14 @@ async fn run_batcher(
                 break;
             }
         }
-        let target = linger_target(previous, batch.commands, leading, &limits);
-        if carried.is_none() && batch.commands < target {
+        let target = linger_target(previous, batch.lingering, leading, &limits);
+        if carried.is_none() && batch.lingering < target {
             let lingered_from = Instant::now();
             // One timer for the whole wait, not one per arrival.
             let linger = tokio::time::sleep_until(lingered_from + limits.linger);
             tokio::pin!(linger);
             let mut outcome = "filled";
-            while carried.is_none() && batch.commands < target {
+            while carried.is_none() && batch.lingering < target {
                 let queued = tokio::select! {
                     queued = receiver.recv() => queued,
                     () = &mut linger => {
@@ -306,7 +322,7 @@ async fn run_batcher(
                 .record(lingered_from.elapsed().as_secs_f64());
         }
         metrics::histogram!("ankusa_batch_commands").record(batch.commands as f64);
-        previous = batch.commands;
+        previous = batch.lingering;
         let batch = batch.units;
         let router = router.clone();
         tokio::spawn(async move {
@@ -320,6 +336,8 @@ async fn run_batcher(
 struct Batch {
     units: Vec<Queued>,
     commands: usize,
+    /// The commands of lingering units (`Queued::lingers`): what `linger_target` counts.
+    lingering: usize,
     commands_max: usize,
 }
 
@@ -327,6 +345,7 @@ impl Batch {
     fn new(first: Queued, commands_max: usize) -> Self {
         Self {
             commands: first.count,
+            lingering: if first.lingers { first.count } else { 0 },
             units: vec![first],
             commands_max,
         }
@@ -338,6 +357,9 @@ impl Batch {
             return Err(queued);
         }
         self.commands += queued.count;
+        if queued.lingers {
+            self.lingering += queued.count;
+        }
         self.units.push(queued);
         Ok(())
     }
@@ -616,6 +638,7 @@ mod tests {
         Queued {
             commands: vec![command; commands],
             count: commands,
+            lingers: true,
             deadline: Instant::now(),
             reply: oneshot::channel().0,
         }
@@ -654,6 +677,7 @@ mod tests {
         let commands: Vec<EncodedCommand> = tenants.iter().map(|tenant| reset(tenant)).collect();
         let queued = Queued {
             count: commands.len(),
+            lingers: false,
             commands,
             deadline: Instant::now(),
             reply,
@@ -691,6 +715,23 @@ mod tests {
         assert_eq!(tenants_of(&kept), ["a1", "a2", "c1", "c2", "c3"]);
         let counts: Vec<usize> = batch.iter().map(|queued| queued.count).collect();
         assert_eq!(counts, [2, 3], "the units kept line up with their commands");
+    }
+
+    #[test]
+    fn a_frame_is_not_lingered_for() {
+        let frame = Queued {
+            lingers: false,
+            ..unit(40)
+        };
+        let mut batch = Batch::new(frame, 100);
+        assert_eq!(batch.lingering, 0);
+        assert_eq!(
+            linger_target(batch.lingering, batch.lingering, true, &limits(1_000)),
+            0,
+            "after a batch of frames, the next does not wait"
+        );
+        assert!(batch.admit(unit(3)).is_ok());
+        assert_eq!((batch.commands, batch.lingering), (43, 3));
     }
 
     #[test]
