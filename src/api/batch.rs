@@ -2,7 +2,7 @@
 //!
 //! A frame is split once, in its order: hits that do not validate are answered at once by
 //! id; each run of consecutive hits that route to the fleet alone and share a deadline
-//! ([`shares_deadline`]) goes to the node as one group ([`Node::hit_fleet_group`]: one
+//! (`shares_deadline`) goes to the node as one group ([`Node::hit_fleet_group`]: one
 //! proposer unit, one deadline); each other hit (node scope, mixed scopes) is a group of
 //! its own. Each group leaves as one reply message as soon as it is decided, with one
 //! metrics update. A stream reads no further frame while [`HIT_BATCH_HITS_IN_FLIGHT_MAX`]

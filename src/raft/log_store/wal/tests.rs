@@ -322,13 +322,11 @@ async fn damage_in_a_segment_before_the_last_refuses_to_open() {
     );
 }
 
-/// A record whose checksum holds but whose entry does not continue the log is no torn
-/// write: the store refuses to open instead of cutting the log there.
-#[tokio::test]
-async fn a_sound_record_out_of_order_refuses_to_open() {
-    let (_dir, path) = scratch();
+/// A log of entries 0..3, then one more record of `kind` holding `payload`, written into
+/// the segment's zeroed room as the writer would have written it.
+async fn three_entries_then_record(path: &std::path::Path, kind: u8, payload: &[u8]) {
     {
-        let mut store = open_store(&path).expect("open");
+        let mut store = open_store(path).expect("open");
         let entries: Vec<Entry> = (0..3).map(|index| request_entry(1, index)).collect();
         store.blocking_append(entries).await.expect("append");
     }
@@ -336,10 +334,18 @@ async fn a_sound_record_out_of_order_refuses_to_open() {
     let mut bytes = std::fs::read(&segment).expect("read");
     let used = bytes.iter().rposition(|byte| *byte != 0).expect("records") + 1;
     let mut record = Vec::new();
-    let misplaced = encode(&request_entry(1, 7)).expect("encode");
-    wal::push_record(&mut record, wal::KIND_ENTRY, &misplaced).expect("record");
+    wal::push_record(&mut record, kind, payload).expect("record");
     bytes[used..used + record.len()].copy_from_slice(&record);
     std::fs::write(&segment, &bytes).expect("write");
+}
+
+/// A record whose checksum holds but whose entry does not continue the log is no torn
+/// write: the store refuses to open instead of cutting the log there.
+#[tokio::test]
+async fn a_sound_record_out_of_order_refuses_to_open() {
+    let (_dir, path) = scratch();
+    let misplaced = encode(&request_entry(1, 7)).expect("encode");
+    three_entries_then_record(&path, wal::KIND_ENTRY, &misplaced).await;
     let refused = open_store(&path).expect_err("entry 7 after entry 2");
     assert!(
         refused.to_string().contains("entry 7 where 3 belongs"),
@@ -382,14 +388,6 @@ fn a_v1_entry_reads_back_with_no_limit() {
 #[tokio::test]
 async fn a_log_the_previous_version_wrote_replays_after_an_upgrade() {
     let (_dir, path) = scratch();
-    {
-        let mut store = open_store(&path).expect("open");
-        let entries: Vec<Entry> = (0..3).map(|index| request_entry(1, index)).collect();
-        store.blocking_append(entries).await.expect("append");
-    }
-    let segment = path.with_extension("wal").join(format!("{:020}.wal", 0));
-    let mut bytes = std::fs::read(&segment).expect("read");
-    let used = bytes.iter().rposition(|byte| *byte != 0).expect("records") + 1;
     let old = openraft::Entry::<wal::TypeConfigV2> {
         log_id: log_id(1, 3),
         payload: EntryPayload::Normal(wal::FleetRequestV2 {
@@ -400,11 +398,8 @@ async fn a_log_the_previous_version_wrote_replays_after_an_upgrade() {
             }],
         }),
     };
-    let mut record = Vec::new();
     let payload = encode(&old).expect("encode");
-    wal::push_record(&mut record, wal::KIND_ENTRY_V2, &payload).expect("record");
-    bytes[used..used + record.len()].copy_from_slice(&record);
-    std::fs::write(&segment, &bytes).expect("write");
+    three_entries_then_record(&path, wal::KIND_ENTRY_V2, &payload).await;
     let mut store = open_store(&path).expect("a kind-2 record replays");
     let want: Vec<Entry> = (0..4).map(|index| request_entry(1, index)).collect();
     assert_eq!(store.try_get_log_entries(..).await.expect("read"), want);
@@ -415,19 +410,8 @@ async fn a_log_the_previous_version_wrote_replays_after_an_upgrade() {
 #[tokio::test]
 async fn a_record_of_an_unknown_kind_refuses_the_log_naming_it() {
     let (_dir, path) = scratch();
-    {
-        let mut store = open_store(&path).expect("open");
-        let entries: Vec<Entry> = (0..3).map(|index| request_entry(1, index)).collect();
-        store.blocking_append(entries).await.expect("append");
-    }
-    let segment = path.with_extension("wal").join(format!("{:020}.wal", 0));
-    let mut bytes = std::fs::read(&segment).expect("read");
-    let used = bytes.iter().rposition(|byte| *byte != 0).expect("records") + 1;
-    let mut record = Vec::new();
     let payload = encode(&request_entry(1, 3)).expect("encode");
-    wal::push_record(&mut record, wal::KIND_ENTRY + 1, &payload).expect("record");
-    bytes[used..used + record.len()].copy_from_slice(&record);
-    std::fs::write(&segment, &bytes).expect("write");
+    three_entries_then_record(&path, wal::KIND_ENTRY + 1, &payload).await;
     let refused = open_store(&path).expect_err("an unknown kind");
     let kind = wal::KIND_ENTRY + 1;
     assert!(
