@@ -29,6 +29,7 @@ use crate::local::LocalEngine;
 use crate::node::propose::{BatchLimits, Proposer, Router};
 use crate::node::{Node, NodeParts};
 use crate::pb;
+use crate::raft::clock_view::{self, ClockView};
 use crate::raft::durability::network::DurableNetwork;
 use crate::raft::faults::Faults;
 use crate::raft::log_store::LogStore;
@@ -294,8 +295,13 @@ pub async fn start(config: NodeConfig, listeners: Listeners) -> Result<RunningNo
         &config.data_dir.join(crate::local::NODE_SCOPE_JOURNAL),
         config.node_id,
     )?;
+    let clock = ClockView::new(
+        config.node_id,
+        Duration::from_millis(config.max_clock_offset_ms),
+    );
     let peers = PeerClients::new(&config.cluster_id, config.node_id, faults.clone())
-        .with_tls(peer_tls.as_ref().map(PeerTls::client));
+        .with_tls(peer_tls.as_ref().map(PeerTls::client))
+        .with_clock(clock.clone());
     let network = DurableNetwork::new(peers.clone(), durable.clone())
         .answering_commit_only(std::time::Duration::from_millis(config.heartbeat_ms));
     let raft = Raft::new(
@@ -314,7 +320,13 @@ pub async fn start(config: NodeConfig, listeners: Listeners) -> Result<RunningNo
         forwards_in_flight_max: config.forwards_in_flight_max,
         linger: std::time::Duration::from_micros(config.batch_linger_us),
     };
-    let router = Router::new(config.node_id, raft.clone(), peers, config.state_limits);
+    let router = Router::new(
+        config.node_id,
+        raft.clone(),
+        peers,
+        config.state_limits,
+        clock.clone(),
+    );
     let proposer = Proposer::start(Arc::new(router), limits, config.ceilings);
     let node = Arc::new(Node::new(NodeParts {
         id: config.node_id,
@@ -331,6 +343,7 @@ pub async fn start(config: NodeConfig, listeners: Listeners) -> Result<RunningNo
         voters_max: config.voters_max,
         durable,
         planted_bug: config.planted_bug,
+        clock: clock.clone(),
     }));
     // Every store's file and directory now exists; their names reach the disk before
     // anything is acknowledged (a vote, an entry), or a power cut could lose a whole file.
@@ -374,7 +387,8 @@ pub async fn start(config: NodeConfig, listeners: Listeners) -> Result<RunningNo
                 faults,
                 peer_tls.is_some(),
                 config.members.iter().map(|member| member.id).collect(),
-            ),
+            )
+            .with_clock(clock.clone()),
             admin,
             peer_tls.as_ref(),
             (listeners.raft, members.clone()),
@@ -411,6 +425,13 @@ pub async fn start(config: NodeConfig, listeners: Listeners) -> Result<RunningNo
             health.clone(),
             gate.clone(),
             core_stop_sender,
+            stopped.clone(),
+        )),
+        tokio::spawn(clock_view::watch(
+            raft.clone(),
+            clock,
+            // Often enough that a skewed leader stands down within an election timeout.
+            Duration::from_millis(config.heartbeat_ms.max(10)),
             stopped.clone(),
         )),
         tokio::spawn(reconcile::run(node.clone(), stopped)),

@@ -407,6 +407,11 @@ impl pb::fleet_server::Fleet for FleetService {
         // or local decisions not yet handed to the fleet.
         let degraded_reason = match (&status.raft_core_stopped, status.leader_id) {
             (Some(why), _) => format!("raft core stopped: {why}"),
+            (None, _) if status.clock_skewed => format!(
+                "clock offset {} ms from the fleet's median, past max_clock_offset_ms = {}: this node does not lead",
+                status.clock_offset.map_or(0, |o| o.offset_us / 1_000),
+                status.max_clock_offset_ms
+            ),
             (None, None) => "no leader known".to_owned(),
             (None, Some(_)) if self.node.fallback().has_unreconciled() => {
                 "local decisions wait to be handed to the fleet".to_owned()
@@ -430,6 +435,8 @@ impl pb::fleet_server::Fleet for FleetService {
                 .collect(),
             degraded: !degraded_reason.is_empty(),
             degraded_reason,
+            clock_offset_ms: status.clock_offset.map_or(0, |o| o.offset_us / 1_000),
+            clock_offset_known: status.clock_offset.is_some(),
         }))
     }
 }

@@ -41,6 +41,9 @@ pub struct ConfigFile {
     pub heartbeat_ms: Option<u64>,
     pub election_timeout_ms_min: Option<u64>,
     pub election_timeout_ms_max: Option<u64>,
+    /// How far this node's wall clock may be from a quorum's median, and how far a leader's
+    /// stamps may run from its monotonic clock (contract §3).
+    pub max_clock_offset_ms: Option<u64>,
     pub batch_commands_max: Option<usize>,
     pub queue_depth_max: Option<usize>,
     pub proposals_in_flight_max: Option<usize>,
@@ -174,6 +177,9 @@ impl Defaults {
     pub const HEARTBEAT_MS: u64 = 50;
     pub const ELECTION_TIMEOUT_MS_MIN: u64 = 300;
     pub const ELECTION_TIMEOUT_MS_MAX: u64 = 600;
+    /// Far above what NTP keeps hosts within (milliseconds), far below a step that would
+    /// empty or freeze buckets (minutes).
+    pub const MAX_CLOCK_OFFSET_MS: u64 = 500;
     pub const BATCH_COMMANDS_MAX: usize = 512;
     pub const QUEUE_DEPTH_MAX: usize = 16_384;
     pub const PROPOSALS_IN_FLIGHT_MAX: usize = 1;
@@ -208,6 +214,9 @@ impl Defaults {
 /// The most commands one log entry may carry: at most `limits::COMMAND_BYTES_MAX` each, an
 /// entry then stays well within `limits::PEER_MESSAGE_BYTES_MAX`.
 pub const BATCH_COMMANDS_MAX_MAX: usize = 2_048;
+
+/// The largest `max_clock_offset_ms`: a minute of fleet time a bad clock may add.
+pub const MAX_CLOCK_OFFSET_MS_MAX: u64 = 60_000;
 
 /// The longest a busy batch may be told to wait (`batch_linger_us`).
 pub const BATCH_LINGER_US_MAX: u64 = 100_000;
@@ -272,6 +281,7 @@ pub struct NodeConfig {
     pub heartbeat_ms: u64,
     pub election_timeout_ms_min: u64,
     pub election_timeout_ms_max: u64,
+    pub max_clock_offset_ms: u64,
     pub batch_commands_max: usize,
     pub queue_depth_max: usize,
     pub proposals_in_flight_max: usize,
@@ -434,6 +444,19 @@ impl NodeConfig {
             heartbeat_ms,
             election_timeout_ms_min,
             election_timeout_ms_max,
+            max_clock_offset_ms: match count_max(
+                "max_clock_offset_ms",
+                file.max_clock_offset_ms,
+                Defaults::MAX_CLOCK_OFFSET_MS,
+            )? {
+                n if n > MAX_CLOCK_OFFSET_MS_MAX => {
+                    return Err(invalid(
+                        "max_clock_offset_ms",
+                        format!("must be at most {MAX_CLOCK_OFFSET_MS_MAX}"),
+                    ))
+                }
+                n => n,
+            },
             batch_commands_max: match positive(
                 "batch_commands_max",
                 file.batch_commands_max,
@@ -922,6 +945,30 @@ raft_addr = "127.0.0.1:7201"
             Defaults::BATCH_LINGER_US,
             BATCH_LINGER_US_MAX + 1,
         );
+    }
+
+    #[test]
+    fn max_clock_offset_defaults_to_half_a_second_and_refuses_zero_and_past_a_minute() {
+        let with = |value: u64| {
+            MINIMAL.replace(
+                "data_dir",
+                &format!("max_clock_offset_ms = {value}\ndata_dir"),
+            )
+        };
+        let config = NodeConfig::from_toml(MINIMAL).expect("valid");
+        assert_eq!(config.max_clock_offset_ms, 500);
+        assert_eq!(
+            NodeConfig::from_toml(&with(2_000))
+                .expect("valid")
+                .max_clock_offset_ms,
+            2_000
+        );
+        for bad in [0, MAX_CLOCK_OFFSET_MS_MAX + 1] {
+            let err = NodeConfig::from_toml(&with(bad))
+                .expect_err("out of range")
+                .to_string();
+            assert!(err.contains("`max_clock_offset_ms`"), "{bad}: {err}");
+        }
     }
 
     #[test]

@@ -130,6 +130,11 @@ pub struct NodeStatus {
     pub members: Vec<(NodeId, MemberNode, bool)>,
     /// Why this node's Raft core stopped, if it did (the node then drains and exits).
     pub raft_core_stopped: Option<String>,
+    /// This node's wall-clock offset from a quorum's median, when known.
+    pub clock_offset: Option<crate::raft::clock_view::Offset>,
+    /// Whether that offset is past `max_clock_offset_ms` (the node does not lead).
+    pub clock_skewed: bool,
+    pub max_clock_offset_ms: u64,
 }
 
 /// The started parts a node is made of.
@@ -147,6 +152,8 @@ pub struct NodeParts {
     pub durable: DurableLog,
     /// A known bug this node plays, for the nemesis's tests (`config::PlantedBug`).
     pub planted_bug: Option<PlantedBug>,
+    /// What this node knows of its clock against its peers'.
+    pub clock: crate::raft::clock_view::ClockView,
 }
 
 /// One fleet node: Raft, the state machine replica, the proposal queue, the node-scope
@@ -165,6 +172,7 @@ pub struct Node {
     /// Mixed-scope hits with a node claim take turns per key (`turns`).
     claim_turns: turns::KeyTurns,
     planted_bug: Option<PlantedBug>,
+    clock: crate::raft::clock_view::ClockView,
 }
 
 impl Node {
@@ -182,6 +190,7 @@ impl Node {
             membership_changes: tokio::sync::Mutex::new(()),
             claim_turns: turns::KeyTurns::default(),
             planted_bug: parts.planted_bug,
+            clock: parts.clock,
         }
     }
 
@@ -606,6 +615,9 @@ impl Node {
             term: metrics.current_term,
             last_applied: metrics.last_applied.map_or(0, |log_id| log_id.index),
             members: state_machine::members(&metrics.membership_config),
+            clock_offset: self.clock.estimate(),
+            clock_skewed: self.clock.skewed(),
+            max_clock_offset_ms: self.clock.bound_us() / 1_000,
         }
     }
 

@@ -29,6 +29,7 @@ use tokio::sync::{mpsc, oneshot, Semaphore};
 use tokio::time::Instant;
 
 use crate::clock::wall_clock_us;
+use crate::raft::clock_view::ClockView;
 use crate::raft::network::PeerClients;
 use crate::raft::{NodeId, ProposeRefusal, ProposeRequest, ProposeResponse, Raft};
 use crate::state::check::{self, Ceilings};
@@ -428,18 +429,54 @@ pub struct Router {
     peers: PeerClients,
     /// The last time stamped on a proposal by this node, so stamps never go back here.
     last_stamp_us: AtomicU64,
+    /// Where the fleet's time stood at a monotonic instant, while this node leads: what
+    /// its stamps are bounded by (`bounded_stamp`).
+    anchor: std::sync::Mutex<Option<Anchor>>,
+    /// This node's clock against its peers': past the bound it proposes nothing.
+    clock: ClockView,
     /// Stamped into every entry this node proposes while it leads.
     limits: StateLimits,
 }
 
+/// A stamp and the monotonic instant it was made at, in one term of this node's
+/// leadership.
+#[derive(Clone, Copy, Debug)]
+struct Anchor {
+    term: u64,
+    stamp_us: u64,
+    at: Instant,
+}
+
+/// The stamp for wall-clock reading `wall_us`, `elapsed_us` of monotonic time after the
+/// anchor `anchor_us`: the wall clock, within `bound_us` of the anchor moved on by the
+/// monotonic time (contract §3). Whether the wall clock was within the bound (then the
+/// stamp is a new anchor; otherwise the old one stays, so a clock that jumped moves the
+/// fleet's time at the monotonic rate and at most `bound_us` off it).
+fn bounded_stamp(wall_us: u64, anchor_us: u64, elapsed_us: u64, bound_us: u64) -> (u64, bool) {
+    let expected_us = anchor_us.saturating_add(elapsed_us);
+    let low_us = expected_us.saturating_sub(bound_us);
+    let high_us = expected_us.saturating_add(bound_us);
+    let stamp_us = wall_us.clamp(low_us, high_us);
+    (stamp_us, stamp_us == wall_us)
+}
+
 impl Router {
-    /// A router for node `node_id`, stamping `limits` into the entries it proposes.
-    pub fn new(node_id: NodeId, raft: Raft, peers: PeerClients, limits: StateLimits) -> Self {
+    /// A router for node `node_id`, stamping `limits` into the entries it proposes and
+    /// bounding its stamps by `clock`'s `max_clock_offset_ms`.
+    pub fn new(
+        node_id: NodeId,
+        raft: Raft,
+        peers: PeerClients,
+        limits: StateLimits,
+        clock: ClockView,
+    ) -> Self {
         Self {
             node_id,
             raft,
             peers,
             last_stamp_us: AtomicU64::new(0),
+            anchor: std::sync::Mutex::new(None),
+            clock,
             limits,
         }
     }
@@ -491,11 +528,48 @@ impl Router {
         self.raft.metrics().borrow().current_leader == Some(self.node_id)
     }
 
+    /// The time of the next entry: the wall clock, bounded by the monotonic time since the
+    /// anchor of this term of leadership (a new term anchors at the wall clock, which the
+    /// voters found within the bound of theirs), never before this node's last stamp.
     fn stamp_now_us(&self) -> u64 {
-        let now_us = wall_clock_us();
+        let wall_us = wall_clock_us();
+        let now = Instant::now();
+        let term = self.raft.metrics().borrow().current_term;
+        let stamp_us = {
+            let mut anchor = self
+                .anchor
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            match *anchor {
+                Some(held) if held.term == term => {
+                    let elapsed_us =
+                        u64::try_from(now.duration_since(held.at).as_micros()).unwrap_or(u64::MAX);
+                    let (stamp_us, within) =
+                        bounded_stamp(wall_us, held.stamp_us, elapsed_us, self.clock.bound_us());
+                    if within {
+                        *anchor = Some(Anchor {
+                            term,
+                            stamp_us,
+                            at: now,
+                        });
+                    } else {
+                        metrics::counter!("ankusa_stamps_bounded_total").increment(1);
+                    }
+                    stamp_us
+                }
+                _ => {
+                    *anchor = Some(Anchor {
+                        term,
+                        stamp_us: wall_us,
+                        at: now,
+                    });
+                    wall_us
+                }
+            }
+        };
         self.last_stamp_us
-            .fetch_max(now_us, Ordering::Relaxed)
-            .max(now_us)
+            .fetch_max(stamp_us, Ordering::Relaxed)
+            .max(stamp_us)
     }
 
     async fn write_here(
@@ -503,6 +577,11 @@ impl Router {
         commands: Arc<[EncodedCommand]>,
         deadline: Instant,
     ) -> ProposeResponse {
+        if self.clock.skewed() {
+            // Another node takes over (`clock_view::watch` stopped this one's heartbeats);
+            // the batch waits for it.
+            return Err(ProposeRefusal::NotLeader { leader_id: None });
+        }
         let request = FleetRequest {
             now_us: self.stamp_now_us(),
             limits: self.limits,
@@ -615,6 +694,36 @@ impl crate::raft::service::ProposalSink for Proposer {
 mod tests {
     use super::*;
     use crate::state::{Command, HookId, SettleOutcome};
+
+    const BOUND_US: u64 = 500_000;
+    const T0_US: u64 = 1_800_000_000_000_000;
+    const MINUTE_US: u64 = 60_000_000;
+
+    #[test]
+    fn a_sound_wall_clock_is_the_stamp_and_the_next_anchor() {
+        // 10 ms of monotonic time, the wall clock 10.3 ms on: within the bound.
+        assert_eq!(
+            bounded_stamp(T0_US + 10_300, T0_US, 10_000, BOUND_US),
+            (T0_US + 10_300, true)
+        );
+    }
+
+    #[test]
+    fn a_wall_clock_that_jumps_either_way_moves_the_stamps_at_the_monotonic_rate() {
+        // 90 minutes ahead: the stamp is the anchor plus the elapsed time plus the bound,
+        // and the anchor stays, so the next stamp is not a bound further on.
+        let (ahead, within) = bounded_stamp(T0_US + 90 * MINUTE_US, T0_US, 1_000, BOUND_US);
+        assert_eq!((ahead, within), (T0_US + 1_000 + BOUND_US, false));
+        let (later, _) = bounded_stamp(T0_US + 90 * MINUTE_US, T0_US, 2_000_000, BOUND_US);
+        assert_eq!(
+            later,
+            T0_US + 2_000_000 + BOUND_US,
+            "a bound ahead, not two"
+        );
+        // 90 minutes back: the fleet's time still advances with the monotonic clock.
+        let (behind, within) = bounded_stamp(T0_US - 90 * MINUTE_US, T0_US, 3_000_000, BOUND_US);
+        assert_eq!((behind, within), (T0_US + 3_000_000 - BOUND_US, false));
+    }
 
     fn limits(linger_us: u64) -> BatchLimits {
         BatchLimits {

@@ -1,6 +1,7 @@
 //! openraft glue only: the type configuration, the durable log store (a segmented WAL plus
 //! redb, really fsynced), the tonic network between peers (one Exchange stream per peer)
-//! and the peer-facing service.
+//! and the peer-facing service, and what the peers' frames tell of their wall clocks
+//! (`clock_view`).
 //!
 //! Nothing here knows the fleet's rules; it moves entries and snapshots.
 
@@ -11,6 +12,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::state::{FleetRequest, FleetResponse};
 
+pub mod clock_view;
 pub mod durability;
 pub mod faults;
 pub mod gauges;

@@ -30,8 +30,10 @@ use tokio_stream::wrappers::UnboundedReceiverStream;
 use tonic::transport::{Channel, ClientTlsConfig};
 use tonic::{Status, Streaming};
 
+use super::clock_view::ClockView;
 use super::faults::{Fault, Faults};
 use super::{MemberNode, NodeId, ProposeRequest, ProposeResponse, TypeConfig};
+use crate::clock::wall_clock_us;
 use crate::codec;
 use crate::limits::{APPEND_ENTRIES_BYTES_MAX, COMMAND_BYTES_MAX, PEER_MESSAGE_BYTES_MAX};
 use crate::lock::lock;
@@ -77,14 +79,18 @@ pub struct PeerClients {
     links: Arc<Mutex<HashMap<String, LinkSlot>>>,
     /// `[peer_tls]`'s client side; plaintext when `None` (loopback fleets, tests).
     tls: Option<ClientTlsConfig>,
+    /// Where the peers' clocks read from answers go, and what each call tells its receiver
+    /// of its offset; none: frames carry no clock.
+    clock: Option<ClockView>,
 }
 
 /// The stream to one peer, once open; callers wait on it while a stream is being opened,
 /// so concurrent first calls share one stream.
 type LinkSlot = Arc<tokio::sync::Mutex<Option<Arc<PeerStream>>>>;
 
-/// The answer to one frame: the encoded payload, or the status the peer refused it with.
-type FrameAnswer = Result<Vec<u8>, Status>;
+/// The answer to one frame: the encoded payload, or the status the peer refused it with;
+/// and the peer's wall clock as it answered (0: none).
+type FrameAnswer = (Result<Vec<u8>, Status>, u64);
 
 /// The calls waiting on one stream.
 #[derive(Default)]
@@ -178,14 +184,15 @@ impl Drop for Forget<'_> {
 }
 
 fn frame_answer(frame: PeerFrame) -> FrameAnswer {
-    if frame.error_code == 0 {
+    let result = if frame.error_code == 0 {
         Ok(frame.payload)
     } else {
         Err(Status::new(
             tonic::Code::from_i32(frame.error_code),
             frame.error_message,
         ))
-    }
+    };
+    (result, frame.wall_clock_us)
 }
 
 /// A refusal from the peer, as the caller sees it: `UNAVAILABLE` means it did not take the
@@ -215,7 +222,15 @@ impl PeerClients {
             channels: Arc::new(Mutex::new(HashMap::new())),
             links: Arc::new(Mutex::new(HashMap::new())),
             tls: None,
+            clock: None,
         }
+    }
+
+    /// Stamps every call with this node's wall clock and reads the peers' from the answers
+    /// into `clock`.
+    pub fn with_clock(mut self, clock: ClockView) -> Self {
+        self.clock = Some(clock);
+        self
     }
 
     /// Calls peers over mutual TLS (`[peer_tls]`), or plaintext with `None`.
@@ -309,7 +324,8 @@ impl PeerClients {
                 return self.call_unary(raft_addr, method, payload).await;
             }
             let stream = self.link(raft_addr).await?;
-            self.call_on_stream(&stream, &addr, method, payload).await
+            self.call_on_stream(target, &stream, &addr, method, payload)
+                .await
         };
         match tokio::time::timeout(timeout, call).await {
             Err(_) => Err(PeerError::Timeout { addr, timeout }),
@@ -319,19 +335,37 @@ impl PeerClients {
 
     async fn call_on_stream(
         &self,
+        target: NodeId,
         stream: &PeerStream,
         addr: &str,
         method: PeerMethod,
         payload: Vec<u8>,
     ) -> Result<Vec<u8>, PeerError> {
+        let sent_wall_us = wall_clock_us();
+        let sent_at = tokio::time::Instant::now();
+        let (receiver_offset_us, receiver_offset_clocks) = self
+            .clock
+            .as_ref()
+            .map_or((0, 0), |clock| clock.offset_of(target));
         let frame = PeerFrame {
             method: method as i32,
             cluster_id: self.cluster_id.to_string(),
             from_node_id: self.from_node_id,
             payload,
+            wall_clock_us: sent_wall_us,
+            receiver_offset_us,
+            receiver_offset_clocks,
             ..PeerFrame::default()
         };
-        match stream.call(frame).await {
+        let answer = stream.call(frame).await;
+        if let (Some(clock), Ok((_, peer_wall_us))) = (&self.clock, &answer) {
+            // The peer read its clock about halfway through the round trip.
+            let round_trip = sent_at.elapsed();
+            let half_trip_us = u64::try_from(round_trip.as_micros() / 2).unwrap_or(0);
+            let midpoint_us = sent_wall_us.saturating_add(half_trip_us);
+            clock.read_round_trip(target, *peer_wall_us, midpoint_us, round_trip);
+        }
+        match answer.map(|(result, _)| result) {
             Ok(Ok(answer)) => Ok(answer),
             Ok(Err(status)) => Err(refused(addr.to_owned(), &status)),
             Err(None) => Err(PeerError::Unreachable {

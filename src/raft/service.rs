@@ -21,8 +21,10 @@ use tokio::sync::{mpsc, Semaphore};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
+use super::clock_view::ClockView;
 use super::faults::{Fault, Faults};
 use super::{NodeId, ProposeRequest, ProposeResponse, Raft, TypeConfig};
+use crate::clock::wall_clock_us;
 use crate::codec;
 use crate::identity::{Caller, Identity, RefusalLog};
 use crate::pb::internal::peer_server::Peer;
@@ -60,6 +62,8 @@ pub struct PeerService {
     /// any node of its cluster until the leader's first entries tell it the membership.
     initial_members: Arc<[NodeId]>,
     refusals: Arc<RefusalLog>,
+    /// Where the clocks of admitted frames' senders are read into; none: not read.
+    clock: Option<ClockView>,
 }
 
 /// The answers an `Exchange` stream sends back.
@@ -87,6 +91,34 @@ impl PeerService {
             tls,
             initial_members: initial_members.into(),
             refusals: Arc::default(),
+            clock: None,
+        }
+    }
+
+    /// Reads each admitted frame's sender clock into `clock`, stamps every answer with this
+    /// node's, and refuses a vote to a candidate whose clock is past the bound.
+    pub fn with_clock(mut self, clock: ClockView) -> Self {
+        self.clock = Some(clock);
+        self
+    }
+
+    /// Reads the clock `frame` carries; the reason to refuse it, for a vote request from a
+    /// candidate whose clock is too far from this node's.
+    fn read_clock(&self, method: PeerMethod, frame: &PeerFrame) -> Result<(), Status> {
+        let Some(clock) = &self.clock else {
+            return Ok(());
+        };
+        clock.read_arrival(frame.from_node_id, frame.wall_clock_us, wall_clock_us());
+        clock.told(frame.receiver_offset_us, frame.receiver_offset_clocks);
+        match clock.refuses_candidate(frame.wall_clock_us) {
+            Some(reason) if method == PeerMethod::Vote => {
+                metrics::counter!("ankusa_votes_refused_for_clock_total").increment(1);
+                tracing::warn!(candidate = frame.from_node_id, %reason, "refused a vote");
+                Err(Status::failed_precondition(format!(
+                    "wall_clock_us: {reason}"
+                )))
+            }
+            _ => Ok(()),
         }
     }
 
@@ -351,7 +383,7 @@ impl PeerService {
                         frame.from_node_id,
                     )
                     .await?;
-                match admitted {
+                match admitted.and_then(|()| self.read_clock(method, &frame)) {
                     Ok(()) => self.dispatch(caller, method, &frame.payload).await,
                     Err(refused) => Err(refused),
                 }
@@ -361,16 +393,20 @@ impl PeerService {
                 frame.method
             ))),
         };
+        // Only a node that reads clocks shows its own.
+        let wall_clock_us = self.clock.as_ref().map_or(0, |_| wall_clock_us());
         Some(match outcome {
             Ok(payload) => PeerFrame {
                 call_id: frame.call_id,
                 payload,
+                wall_clock_us,
                 ..PeerFrame::default()
             },
             Err(status) => PeerFrame {
                 call_id: frame.call_id,
                 error_code: status.code() as i32,
                 error_message: status.message().to_owned(),
+                wall_clock_us,
                 ..PeerFrame::default()
             },
         })

@@ -15,6 +15,7 @@ mod common;
 
 mod admission;
 mod alone;
+mod clock;
 mod history;
 mod paused;
 mod reconcile;
