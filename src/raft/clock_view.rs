@@ -7,7 +7,8 @@
 //! node's own median needs readings from a quorum of voters (itself included), which a
 //! follower rarely has: it hears from the leader only. So every call also tells the
 //! receiver its offset from the median of the sender's readings, and a node takes the
-//! estimate that rests on the most clocks, its own or the one it was told.
+//! estimate that rests on the most clocks, its own or the one the leader told it (only the
+//! leader's word is taken: `PeerService`).
 //!
 //! `watch` acts on the estimate: a node further than `max_clock_offset_ms` from the median
 //! does not campaign and, leading, stops proposing and heartbeating so that a node with a

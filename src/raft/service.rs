@@ -109,7 +109,12 @@ impl PeerService {
             return Ok(());
         };
         clock.read_arrival(frame.from_node_id, frame.wall_clock_us, wall_clock_us());
-        clock.told(frame.receiver_offset_us, frame.receiver_offset_clocks);
+        // Only the leader's word on this node's offset counts: one member telling every
+        // other that its clock is off must not make them all stand down.
+        let from_leader = self.raft.metrics().borrow().current_leader == Some(frame.from_node_id);
+        if from_leader {
+            clock.told(frame.receiver_offset_us, frame.receiver_offset_clocks);
+        }
         match clock.refuses_candidate(frame.wall_clock_us) {
             Some(reason) if method == PeerMethod::Vote => {
                 metrics::counter!("ankusa_votes_refused_for_clock_total").increment(1);
