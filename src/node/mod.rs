@@ -12,6 +12,7 @@ use crate::config::PlantedBug;
 mod backup;
 pub mod frame;
 mod membership;
+pub mod order;
 pub mod propose;
 pub mod request;
 pub mod route;

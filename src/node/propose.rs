@@ -24,10 +24,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use openraft::error::{ClientWriteError, RaftError};
+use openraft::error::ClientWriteError;
 use tokio::sync::{mpsc, oneshot, Semaphore};
 use tokio::time::Instant;
 
+use super::order::{Turn, Turns};
 use crate::clock::wall_clock_us;
 use crate::raft::clock_view::ClockView;
 use crate::raft::network::PeerClients;
@@ -120,32 +121,36 @@ impl Proposer {
     ///
     /// With a verified `sender` (the node identity of the caller's certificate), a command
     /// that names another node (`check::sent_by`) is refused the same way.
-    pub async fn propose_forwarded(
+    ///
+    /// The commands enter the queue before this returns, so the `Propose` frames of one
+    /// stream, handed over in the order they came, keep that order (`node::order`).
+    pub fn propose_forwarded(
         &self,
         request: ProposeRequest,
         sender: Option<crate::raft::NodeId>,
-    ) -> ProposeResponse {
+    ) -> impl std::future::Future<Output = ProposeResponse> + Send + 'static {
         let (valid, refused) = check_forwarded(request.commands, sender, &self.ceilings);
-        let committed = if valid.is_empty() {
-            Vec::new()
-        } else {
-            let checked = ProposeRequest {
-                commands: valid,
-                timeout_ms: request.timeout_ms,
+        let committed = (!valid.is_empty()).then(|| {
+            let deadline = Instant::now() + Duration::from_millis(request.timeout_ms);
+            self.submit(valid, deadline, false)
+        });
+        async move {
+            let committed = match committed {
+                Some(answers) => answers.await?,
+                None => Vec::new(),
             };
-            self.propose_all(checked).await?
-        };
-        let mut committed = committed.into_iter();
-        refused
-            .into_iter()
-            .map(|answer| {
-                answer
-                    .or_else(|| committed.next())
-                    .ok_or_else(|| ProposeRefusal::Fatal {
-                        reason: "the fleet returned fewer answers than commands".to_owned(),
-                    })
-            })
-            .collect()
+            let mut committed = committed.into_iter();
+            refused
+                .into_iter()
+                .map(|answer| {
+                    answer
+                        .or_else(|| committed.next())
+                        .ok_or_else(|| ProposeRefusal::Fatal {
+                            reason: "the fleet returned fewer answers than commands".to_owned(),
+                        })
+                })
+                .collect()
+        }
     }
 
     /// Commits one command through the fleet and returns its answer.
@@ -177,19 +182,24 @@ impl Proposer {
         self.enqueue(commands, deadline, false).await
     }
 
-    /// Commits a forwarded batch as one unit of the queue, so batches from several followers
-    /// and the leader's own callers share log entries.
-    pub async fn propose_all(&self, request: ProposeRequest) -> ProposeResponse {
-        let deadline = Instant::now() + Duration::from_millis(request.timeout_ms);
-        self.enqueue(request.commands, deadline, false).await
-    }
-
     async fn enqueue(
         &self,
         commands: Vec<EncodedCommand>,
         deadline: Instant,
         lingers: bool,
     ) -> ProposeResponse {
+        self.submit(commands, deadline, lingers).await
+    }
+
+    /// Enters `commands` into the queue as one unit now (or finds it full), and returns
+    /// the wait for their answers: a batch of forwarded commands, so batches from several
+    /// followers and the leader's own callers share log entries.
+    fn submit(
+        &self,
+        commands: Vec<EncodedCommand>,
+        deadline: Instant,
+        lingers: bool,
+    ) -> impl std::future::Future<Output = ProposeResponse> + Send + 'static {
         let (reply, answers) = oneshot::channel();
         let queued = Queued {
             count: commands.len(),
@@ -198,20 +208,25 @@ impl Proposer {
             deadline,
             reply,
         };
-        if self.queue.try_send(queued).is_err() {
+        let entered = self.queue.try_send(queued).is_ok();
+        if !entered {
             metrics::counter!("ankusa_proposals_overloaded_total").increment(1);
-            return Err(ProposeRefusal::Overloaded {
-                retry_after_ms: OVERLOADED_RETRY_AFTER_MS,
-            });
         }
-        match tokio::time::timeout_at(deadline, answers).await {
-            Ok(Ok(result)) => result,
-            Ok(Err(_dropped)) => Err(ProposeRefusal::Fatal {
-                reason: "the batcher stopped".to_owned(),
-            }),
-            Err(_elapsed) => Err(ProposeRefusal::Unavailable {
-                reason: "deadline".to_owned(),
-            }),
+        async move {
+            if !entered {
+                return Err(ProposeRefusal::Overloaded {
+                    retry_after_ms: OVERLOADED_RETRY_AFTER_MS,
+                });
+            }
+            match tokio::time::timeout_at(deadline, answers).await {
+                Ok(Ok(result)) => result,
+                Ok(Err(_dropped)) => Err(ProposeRefusal::Fatal {
+                    reason: "the batcher stopped".to_owned(),
+                }),
+                Err(_elapsed) => Err(ProposeRefusal::Unavailable {
+                    reason: "deadline".to_owned(),
+                }),
+            }
         }
     }
 }
@@ -273,6 +288,8 @@ async fn run_batcher(
     // Lingering commands (`Queued::lingers`) in the last batch (an entry while leading, a
     // forward while following).
     let mut previous = 0;
+    // Batches are submitted in the order they are made here (`node::order`).
+    let mut turns = Turns::default();
     loop {
         let first = match carried.take() {
             Some(queued) => queued,
@@ -326,8 +343,9 @@ async fn run_batcher(
         previous = batch.lingering;
         let batch = batch.units;
         let router = router.clone();
+        let turn = turns.take();
         tokio::spawn(async move {
-            router.commit_batch(batch).await;
+            router.commit_batch(batch, turn).await;
             drop(slot);
         });
     }
@@ -481,7 +499,9 @@ impl Router {
         }
     }
 
-    async fn commit_batch(&self, mut batch: Vec<Queued>) {
+    /// Commits `batch` once `turn` comes (the batch made before it has been submitted),
+    /// through this node's Raft while it leads, by a `Propose` to the leader otherwise.
+    async fn commit_batch(&self, mut batch: Vec<Queued>, mut turn: Turn) {
         // The commands move into one shared slice, sent as is by every attempt; each unit
         // keeps its count, to take its answers back out.
         let mut commands: Arc<[EncodedCommand]> = batch
@@ -495,14 +515,19 @@ impl Router {
             let Some(deadline) = batch.iter().map(|queued| queued.deadline).max() else {
                 return;
             };
+            turn.wait(deadline).await;
+            // Only the first attempt is ordered: the next batch goes once this one is sent.
+            let submitted = turn.submitted();
             let leader = self.raft.metrics().borrow().current_leader;
             let outcome = match leader {
                 Some(leader_id) => {
                     let sent_at = Instant::now();
                     let (role, outcome) = if leader_id == self.node_id {
-                        ("leader", self.write_here(commands.clone(), deadline).await)
+                        let outcome = self.write_here(commands.clone(), deadline, submitted);
+                        ("leader", outcome.await)
                     } else {
-                        let outcome = self.forward(leader_id, &commands, deadline).await;
+                        let outcome = self.forward(leader_id, &commands, deadline, submitted);
+                        let outcome = outcome.await;
                         ("follower", outcome)
                     };
                     metrics::histogram!("ankusa_commit_seconds", "role" => role)
@@ -572,10 +597,12 @@ impl Router {
             .max(stamp_us)
     }
 
+    /// Writes one entry; `submitted` is dropped once openraft has it.
     async fn write_here(
         &self,
         commands: Arc<[EncodedCommand]>,
         deadline: Instant,
+        submitted: Option<oneshot::Sender<()>>,
     ) -> ProposeResponse {
         if self.clock.skewed() {
             // Another node takes over (`clock_view::watch` stopped this one's heartbeats);
@@ -587,27 +614,40 @@ impl Router {
             limits: self.limits,
             commands,
         };
-        match tokio::time::timeout_at(deadline, self.raft.client_write(request)).await {
+        let written = async {
+            let receiver = self.raft.client_write_ff(request).await;
+            drop(submitted);
+            match receiver {
+                Ok(receiver) => receiver
+                    .await
+                    .map_err(|_| "the Raft core dropped the write".to_owned()),
+                Err(fatal) => Err(fatal.to_string()),
+            }
+        };
+        match tokio::time::timeout_at(deadline, written).await {
             Err(_elapsed) => Err(ProposeRefusal::Unavailable {
                 reason: "deadline".to_owned(),
             }),
-            Ok(Ok(written)) => Ok(written.data.answers),
-            Ok(Err(RaftError::APIError(ClientWriteError::ForwardToLeader(forward)))) => {
+            Ok(Ok(Ok(written))) => Ok(written.data.answers),
+            Ok(Ok(Err(ClientWriteError::ForwardToLeader(forward)))) => {
                 Err(ProposeRefusal::NotLeader {
                     leader_id: forward.leader_id,
                 })
             }
-            Ok(Err(e)) => Err(ProposeRefusal::Fatal {
+            Ok(Ok(Err(e))) => Err(ProposeRefusal::Fatal {
                 reason: e.to_string(),
             }),
+            Ok(Err(reason)) => Err(ProposeRefusal::Fatal { reason }),
         }
     }
 
+    /// Hands the batch to the leader; `submitted` is dropped once it is on the peer stream.
     async fn forward(
         &self,
         leader_id: NodeId,
         commands: &[EncodedCommand],
         deadline: Instant,
+        submitted: Option<oneshot::Sender<()>>,
     ) -> ProposeResponse {
         let raft_addr = {
             let metrics = self.raft.metrics();
@@ -628,7 +668,7 @@ impl Router {
         };
         match self
             .peers
-            .propose(leader_id, &raft_addr, &request, remaining)
+            .propose(leader_id, &raft_addr, &request, remaining, submitted)
             .await
         {
             Ok(response) => response,
@@ -685,8 +725,7 @@ impl crate::raft::service::ProposalSink for Proposer {
         sender: Option<crate::raft::NodeId>,
     ) -> std::pin::Pin<Box<dyn std::future::Future<Output = ProposeResponse> + Send + 'static>>
     {
-        let proposer = self.clone();
-        Box::pin(async move { proposer.propose_forwarded(request, sender).await })
+        Box::pin(self.propose_forwarded(request, sender))
     }
 }
 

@@ -143,7 +143,12 @@ impl PeerStream {
 
     /// Sends one call and waits for its answer. A call that never left (the stream had
     /// ended) is `Err(None)`; one whose answer was lost with the stream is `Err(Some(_))`.
-    async fn call(&self, mut frame: PeerFrame) -> Result<FrameAnswer, Option<String>> {
+    /// `sent` is dropped once the frame is queued on the stream (or surely never will be).
+    async fn call(
+        &self,
+        mut frame: PeerFrame,
+        sent: Option<oneshot::Sender<()>>,
+    ) -> Result<FrameAnswer, Option<String>> {
         let (answer, answered) = oneshot::channel();
         let call_id = {
             let mut waiting = lock(&self.waiting);
@@ -161,7 +166,9 @@ impl PeerStream {
             call_id,
         };
         frame.call_id = call_id;
-        if self.frames.send(frame).is_err() {
+        let queued = self.frames.send(frame);
+        drop(sent);
+        if queued.is_err() {
             return Err(None);
         }
         answered.await.map_err(|_| {
@@ -298,6 +305,7 @@ impl PeerClients {
         Ok(opened)
     }
 
+    /// One call to the peer at `raft_addr`; `sent` as in [`PeerStream::call`].
     async fn call_raw(
         &self,
         target: NodeId,
@@ -305,6 +313,7 @@ impl PeerClients {
         method: PeerMethod,
         payload: Vec<u8>,
         timeout: Duration,
+        sent: Option<oneshot::Sender<()>>,
     ) -> Result<Vec<u8>, PeerError> {
         let addr = raft_addr.to_owned();
         match self.faults.outgoing(target) {
@@ -313,6 +322,8 @@ impl PeerClients {
                 return Err(PeerError::Unreachable { addr, reason });
             }
             Some(Fault::Blackhole) => {
+                // Lost on the way: the calls behind it need not wait for it.
+                drop(sent);
                 tokio::time::sleep(timeout).await;
                 return Err(PeerError::Timeout { addr, timeout });
             }
@@ -324,7 +335,7 @@ impl PeerClients {
                 return self.call_unary(raft_addr, method, payload).await;
             }
             let stream = self.link(raft_addr).await?;
-            self.call_on_stream(target, &stream, &addr, method, payload)
+            self.call_on_stream(target, &stream, &addr, method, payload, sent)
                 .await
         };
         match tokio::time::timeout(timeout, call).await {
@@ -340,6 +351,7 @@ impl PeerClients {
         addr: &str,
         method: PeerMethod,
         payload: Vec<u8>,
+        sent: Option<oneshot::Sender<()>>,
     ) -> Result<Vec<u8>, PeerError> {
         let sent_wall_us = wall_clock_us();
         let sent_at = tokio::time::Instant::now();
@@ -357,7 +369,7 @@ impl PeerClients {
             receiver_offset_clocks,
             ..PeerFrame::default()
         };
-        let answer = stream.call(frame).await;
+        let answer = stream.call(frame, sent).await;
         if let (Some(clock), Ok((_, peer_wall_us))) = (&self.clock, &answer) {
             // The peer read its clock about halfway through the round trip.
             let round_trip = sent_at.elapsed();
@@ -410,6 +422,7 @@ impl PeerClients {
         method: PeerMethod,
         request: &Req,
         timeout: Duration,
+        sent: Option<oneshot::Sender<()>>,
     ) -> Result<Resp, PeerError> {
         let garbled = |e: codec::CodecError| PeerError::Garbled {
             addr: raft_addr.to_owned(),
@@ -417,12 +430,14 @@ impl PeerClients {
         };
         let payload = codec::encode(request).map_err(garbled)?;
         let answer = self
-            .call_raw(target, raft_addr, method, payload, timeout)
+            .call_raw(target, raft_addr, method, payload, timeout, sent)
             .await?;
         codec::decode(&answer).map_err(garbled)
     }
 
     /// Hands a batch of commands to the node at `raft_addr` (believed to be the leader).
+    /// `sent` is dropped once the batch is on the peer stream: batches handed over in turn
+    /// (`node::order`) reach the peer in that order.
     ///
     /// # Errors
     /// A transport failure; the batch may or may not have been applied unless
@@ -433,8 +448,10 @@ impl PeerClients {
         raft_addr: &str,
         request: &ProposeRequest<&[EncodedCommand]>,
         timeout: Duration,
+        sent: Option<oneshot::Sender<()>>,
     ) -> Result<ProposeResponse, PeerError> {
-        self.call(target, raft_addr, PeerMethod::Propose, request, timeout)
+        let method = PeerMethod::Propose;
+        self.call(target, raft_addr, method, request, timeout, sent)
             .await
     }
 }
@@ -481,6 +498,7 @@ impl PeerConnection {
                 method,
                 request,
                 option.hard_ttl(),
+                None,
             )
             .await;
         match answer {

@@ -17,7 +17,7 @@ use futures::Stream;
 use openraft::raft::{AppendEntriesRequest, InstallSnapshotRequest, VoteRequest};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
-use tokio::sync::{mpsc, Semaphore};
+use tokio::sync::{mpsc, oneshot, Semaphore};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
@@ -35,6 +35,8 @@ use crate::raft::snapshot::intake::{self, SnapshotIntake};
 pub trait ProposalSink: Send + Sync + 'static {
     /// Commits the batch (or refuses it) and returns one answer per command; `sender` is
     /// the node identity of the caller's certificate (`None` on a plaintext `raft_addr`).
+    /// The batch enters the queue before this returns, so batches handed over in order are
+    /// proposed in that order.
     fn propose(
         &self,
         request: ProposeRequest,
@@ -64,6 +66,13 @@ pub struct PeerService {
     refusals: Arc<RefusalLog>,
     /// Where the clocks of admitted frames' senders are read into; none: not read.
     clock: Option<ClockView>,
+}
+
+/// A `Propose` frame's place among its stream's: it waits for `after` (the one before it
+/// entered the queue) and drops `entered` once it has.
+struct ProposeTurn {
+    after: oneshot::Receiver<()>,
+    entered: oneshot::Sender<()>,
 }
 
 /// The answers an `Exchange` stream sends back.
@@ -267,12 +276,14 @@ impl PeerService {
     }
 
     /// Decodes one admitted call, hands it to Raft (or the proposal queue) and encodes the
-    /// answer.
+    /// answer. `entered` is dropped once a `Propose`'s commands are in the queue (or it is
+    /// refused).
     async fn dispatch(
         &self,
         caller: Caller,
         method: PeerMethod,
         payload: &[u8],
+        entered: Option<oneshot::Sender<()>>,
     ) -> Result<Vec<u8>, Status> {
         match method {
             PeerMethod::AppendEntries => {
@@ -334,7 +345,9 @@ impl PeerService {
                     Caller::Verified(Identity::Node(id)) => Some(id),
                     Caller::Verified(Identity::Admin) | Caller::Unauthenticated => None,
                 };
-                seal(&self.proposals.propose(request, sender).await)
+                let answer = self.proposals.propose(request, sender);
+                drop(entered);
+                seal(&answer.await)
             }
             PeerMethod::Unspecified => Err(Status::invalid_argument("method: not set")),
         }
@@ -362,7 +375,9 @@ impl PeerService {
             Some(admitted) => admitted?,
             None => std::future::pending().await,
         }
-        let payload = self.dispatch(caller, method, &message.payload).await?;
+        let payload = self
+            .dispatch(caller, method, &message.payload, None)
+            .await?;
         Ok(Response::new(RaftMessage {
             cluster_id: self.cluster_id.to_string(),
             from_node_id: 0,
@@ -370,13 +385,24 @@ impl PeerService {
         }))
     }
 
-    /// Answers one call frame of an `Exchange` stream; `None` if it is black-holed.
+    /// Answers one call frame of an `Exchange` stream; `None` if it is black-holed. A
+    /// `Propose` frame comes with its turn: it waits for the stream's `Propose` before it to
+    /// enter the queue, and lets the next one go once it has (or is refused), so one
+    /// follower's forwards are proposed in the order it sent them.
     async fn answer_frame(
         &self,
         caller: Caller,
         remote: Option<std::net::SocketAddr>,
         frame: PeerFrame,
+        turn: Option<ProposeTurn>,
     ) -> Option<PeerFrame> {
+        let entered = match turn {
+            Some(ProposeTurn { after, entered }) => {
+                let _ = after.await;
+                Some(entered)
+            }
+            None => None,
+        };
         let outcome = match PeerMethod::try_from(frame.method) {
             Ok(method) => {
                 let admitted = self
@@ -389,7 +415,7 @@ impl PeerService {
                     )
                     .await?;
                 match admitted.and_then(|()| self.read_clock(method, &frame)) {
-                    Ok(()) => self.dispatch(caller, method, &frame.payload).await,
+                    Ok(()) => self.dispatch(caller, method, &frame.payload, entered).await,
                     Err(refused) => Err(refused),
                 }
             }
@@ -557,6 +583,9 @@ impl Peer for PeerService {
         let in_flight = Arc::new(Semaphore::new(EXCHANGE_FRAMES_IN_FLIGHT_MAX));
         let service = self.clone();
         tokio::spawn(async move {
+            // The last `Propose` frame's signal that it entered the queue.
+            let (entered, mut last_propose) = oneshot::channel();
+            drop(entered);
             loop {
                 let Ok(permit) = Arc::clone(&in_flight).acquire_owned().await else {
                     break;
@@ -570,10 +599,16 @@ impl Peer for PeerService {
                 let Ok(bytes) = Arc::clone(&bytes_in_flight).acquire_many_owned(bytes).await else {
                     break;
                 };
+                let turn = (frame.method == PeerMethod::Propose as i32).then(|| {
+                    let (entered, next) = oneshot::channel();
+                    let after = std::mem::replace(&mut last_propose, next);
+                    ProposeTurn { after, entered }
+                });
                 let service = service.clone();
                 let answers = answers.clone();
                 tokio::spawn(async move {
-                    if let Some(answer) = service.answer_frame(caller, remote, frame).await {
+                    let answer = service.answer_frame(caller, remote, frame, turn).await;
+                    if let Some(answer) = answer {
                         // The caller hung up: nobody is left to read the answer.
                         let _ = answers.send(Ok(answer)).await;
                     }

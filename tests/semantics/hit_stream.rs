@@ -66,3 +66,43 @@ async fn hit_stream_answers_like_hit_in_request_order() {
         assert_eq!(outcome(&again), Outcome::Duplicate("hook-a".to_owned()));
     }
 }
+
+/// Rounds of one stream's effects in order (issue 26, finding 4): in each round eight
+/// requests are sent at once, each charging the same one-hit bucket, and only the first
+/// sent may be allowed, through a follower as through the leader. Before the fix a
+/// follower forwarded two batches from two tasks, and the leader entered two `Propose`
+/// frames of one stream from two tasks, so a later request could take the bucket first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_takes_effect_in_request_order_round_after_round() {
+    init_tracing();
+    const ROUNDS: usize = 200;
+    const REQUESTS: usize = 8;
+    let fleet = Fleet::start(3, "").await;
+    for (role, id) in entries(&fleet).await {
+        tracing::info!(
+            role,
+            "--- {ROUNDS} rounds of {REQUESTS} requests sent at once"
+        );
+        let mut client = fleet.client(id).await;
+        let mut stream = HitStream::open(&mut client).await;
+        for round in 0..ROUNDS {
+            let tenant = format!("order-{role}-{round}");
+            for _ in 0..REQUESTS {
+                stream.send(hit(vec![slow(&tenant, 1)], None)).await;
+            }
+            let mut outcomes = Vec::with_capacity(REQUESTS);
+            for _ in 0..REQUESTS {
+                let reply = stream.reply().await.expect("a hit is answered");
+                assert_eq!(reply.decided_by, pb::DecidedBy::Fleet as i32, "{reply:?}");
+                outcomes.push(outcome(&reply));
+            }
+            assert_eq!(outcomes[0], Outcome::Allowed, "round {round}: {outcomes:?}");
+            assert!(
+                outcomes[1..]
+                    .iter()
+                    .all(|later| matches!(later, Outcome::RateLimited(_))),
+                "round {round} through the {role}: the first request sent spent the bucket's one hit: {outcomes:?}"
+            );
+        }
+    }
+}

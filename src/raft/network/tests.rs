@@ -181,7 +181,7 @@ async fn concurrent_calls_share_one_stream_and_each_gets_its_own_answer() {
         let addr = addr.clone();
         async move {
             let answer = clients
-                .call_raw(2, &addr, PeerMethod::Propose, vec![n, 7], DEADLINE)
+                .call_raw(2, &addr, PeerMethod::Propose, vec![n, 7], DEADLINE, None)
                 .await
                 .expect("answered");
             (n, answer)
@@ -199,7 +199,14 @@ async fn concurrent_calls_share_one_stream_and_each_gets_its_own_answer() {
 async fn install_snapshot_stays_unary() {
     let (stub, addr) = serve(Mode::Streams).await;
     let answer = clients()
-        .call_raw(2, &addr, PeerMethod::InstallSnapshot, vec![1], DEADLINE)
+        .call_raw(
+            2,
+            &addr,
+            PeerMethod::InstallSnapshot,
+            vec![1],
+            DEADLINE,
+            None,
+        )
         .await
         .expect("answered");
     assert_eq!(answer, b"unary:\x01");
@@ -214,7 +221,7 @@ async fn a_peer_without_exchange_is_unreachable_and_never_called_unary() {
     let clients = clients();
     for n in 0..3u8 {
         let error = clients
-            .call_raw(2, &addr, PeerMethod::AppendEntries, vec![n], DEADLINE)
+            .call_raw(2, &addr, PeerMethod::AppendEntries, vec![n], DEADLINE, None)
             .await
             .expect_err("no stream, no call");
         assert!(matches!(error, PeerError::Unreachable { .. }), "{error}");
@@ -227,7 +234,7 @@ async fn a_call_whose_stream_breaks_is_lost_not_undelivered_and_the_next_call_re
     let (stub, addr) = serve(Mode::HangUp).await;
     let clients = clients();
     let error = clients
-        .call_raw(2, &addr, PeerMethod::Propose, vec![1], DEADLINE)
+        .call_raw(2, &addr, PeerMethod::Propose, vec![1], DEADLINE, None)
         .await
         .expect_err("the stub never answers");
     assert!(
@@ -237,7 +244,7 @@ async fn a_call_whose_stream_breaks_is_lost_not_undelivered_and_the_next_call_re
     // The batch may have been applied: a follower must not resend it.
     assert!(!error.surely_not_delivered());
     let again = clients
-        .call_raw(2, &addr, PeerMethod::Propose, vec![2], DEADLINE)
+        .call_raw(2, &addr, PeerMethod::Propose, vec![2], DEADLINE, None)
         .await
         .expect_err("the stub never answers");
     assert!(matches!(again, PeerError::Lost { .. }), "{again}");
@@ -250,7 +257,7 @@ async fn a_peer_that_is_not_listening_is_unreachable() {
     let addr = listener.local_addr().expect("addr").to_string();
     drop(listener);
     let error = clients()
-        .call_raw(2, &addr, PeerMethod::Vote, vec![1], DEADLINE)
+        .call_raw(2, &addr, PeerMethod::Vote, vec![1], DEADLINE, None)
         .await
         .expect_err("nobody listens");
     assert!(error.surely_not_delivered(), "unexpected error: {error}");
@@ -261,7 +268,7 @@ async fn an_unanswered_call_times_out_and_is_forgotten() {
     let (_stub, addr) = serve(Mode::Streams).await;
     let clients = clients();
     let opened = clients
-        .call_raw(2, &addr, PeerMethod::Propose, vec![9], DEADLINE)
+        .call_raw(2, &addr, PeerMethod::Propose, vec![9], DEADLINE, None)
         .await
         .expect("answered");
     assert_eq!(opened, b"stream:\x09");
@@ -273,6 +280,7 @@ async fn an_unanswered_call_times_out_and_is_forgotten() {
             PeerMethod::Propose,
             vec![0],
             Duration::from_millis(1),
+            None,
         )
         .await
         .expect_err("deadline first");
@@ -287,7 +295,7 @@ async fn an_unanswered_call_times_out_and_is_forgotten() {
     );
     // Its late answer finds nobody waiting and the stream goes on serving.
     let answer = clients
-        .call_raw(2, &addr, PeerMethod::Propose, vec![8], DEADLINE)
+        .call_raw(2, &addr, PeerMethod::Propose, vec![8], DEADLINE, None)
         .await
         .expect("answered");
     assert_eq!(answer, b"stream:\x08");
