@@ -1,6 +1,6 @@
 //! The order batches leave in: the batcher makes batches in queue order, but each is
 //! committed by a task of its own, so two batches in flight could reach the leader (or
-//! openraft) in either order. A [`Turn`] chains them: a batch submits only once the batch
+//! openraft) in either order. A [`SubmitTurn`] chains them: a batch submits only once the batch
 //! before it has (or has given up), so the effects of one stream's requests, which enter
 //! the queue in request order, take place in that order (contract §14, `HitStream`).
 //!
@@ -13,29 +13,29 @@ use tokio::time::Instant;
 /// One batch's place in the chain: what it waits for, and what the batch after it waits
 /// for (dropped once this one is submitted, or when it gives up).
 #[derive(Debug)]
-pub struct Turn {
+pub struct SubmitTurn {
     after: Option<oneshot::Receiver<()>>,
     submitted: Option<oneshot::Sender<()>>,
 }
 
 /// Hands out the turns of one sequence of batches, in the order they are made.
 #[derive(Debug, Default)]
-pub struct Turns {
+pub struct SubmitOrder {
     last: Option<oneshot::Receiver<()>>,
 }
 
-impl Turns {
+impl SubmitOrder {
     /// The next batch's turn: after every turn handed out before it.
-    pub fn take(&mut self) -> Turn {
+    pub fn take(&mut self) -> SubmitTurn {
         let (submitted, next) = oneshot::channel();
-        Turn {
+        SubmitTurn {
             after: self.last.replace(next),
             submitted: Some(submitted),
         }
     }
 }
 
-impl Turn {
+impl SubmitTurn {
     /// Waits until the batch before has been submitted, or `deadline` (a batch whose own
     /// caller has stopped waiting keeps no order).
     pub async fn wait(&mut self, deadline: Instant) {
@@ -58,7 +58,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_turn_goes_once_the_one_before_it_was_submitted_or_gave_up() {
-        let mut turns = Turns::default();
+        let mut turns = SubmitOrder::default();
         let mut first = turns.take();
         let mut second = turns.take();
         let mut third = turns.take();
@@ -80,7 +80,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_turn_waits_no_longer_than_its_deadline() {
-        let mut turns = Turns::default();
+        let mut turns = SubmitOrder::default();
         let _first = turns.take();
         let mut second = turns.take();
         let deadline = Instant::now() + Duration::from_millis(50);

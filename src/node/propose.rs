@@ -28,7 +28,7 @@ use openraft::error::ClientWriteError;
 use tokio::sync::{mpsc, oneshot, Semaphore};
 use tokio::time::Instant;
 
-use super::order::{Turn, Turns};
+use super::order::{SubmitOrder, SubmitTurn};
 use crate::clock::wall_clock_us;
 use crate::raft::clock_view::ClockView;
 use crate::raft::network::PeerClients;
@@ -289,7 +289,7 @@ async fn run_batcher(
     // forward while following).
     let mut previous = 0;
     // Batches are submitted in the order they are made here (`node::order`).
-    let mut turns = Turns::default();
+    let mut turns = SubmitOrder::default();
     loop {
         let first = match carried.take() {
             Some(queued) => queued,
@@ -501,7 +501,7 @@ impl Router {
 
     /// Commits `batch` once `turn` comes (the batch made before it has been submitted),
     /// through this node's Raft while it leads, by a `Propose` to the leader otherwise.
-    async fn commit_batch(&self, mut batch: Vec<Queued>, mut turn: Turn) {
+    async fn commit_batch(&self, mut batch: Vec<Queued>, mut turn: SubmitTurn) {
         // The commands move into one shared slice, sent as is by every attempt; each unit
         // keeps its count, to take its answers back out.
         let mut commands: Arc<[EncodedCommand]> = batch
