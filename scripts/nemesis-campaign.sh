@@ -4,14 +4,16 @@
 # and anomalies by kind) and, for a failing seed, its whole report under OUT.
 # `python3 scripts/nemesis-summary.py` totals those lines.
 #   bash scripts/nemesis-campaign.sh FIRST LAST DURATION NODES [OUT] [SLACK_MS]
+# BIN=PATH runs that binary instead of building this tree (a campaign outlives edits).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 first=$1 last=$2 duration=$3 nodes=$4 out=${5:-data/nemesis} slack=${6:-5}
 mkdir -p "$out"
-cargo build --release --locked --quiet
+bin=${BIN:-./target/release/ankusa-fleet}
+if [ -z "${BIN:-}" ]; then cargo build --release --locked --quiet; fi
 for seed in $(seq "$first" "$last"); do
     report="$out/seed-$seed-n$nodes.txt"
-    if ./target/release/ankusa-fleet nemesis --seed "$seed" --duration-s "$duration" \
+    if "$bin" nemesis --seed "$seed" --duration-s "$duration" \
         --nodes "$nodes" --deadline-slack-ms "$slack" > "$report" 2>&1; then
         status=0
     else
