@@ -127,8 +127,9 @@ impl Fleet {
             // The spare starts with no members: it joins when the fleet adds it.
             let members = if *id <= count { members.as_str() } else { "" };
             let text = format!(
-                "node_id = {id}\napi_addr = \"{api_addr}\"\nraft_addr = \"{raft_addr}\"\ndata_dir = \"{}\"\nfault_injection = true\n{extra}\n{members}",
-                data_dir.display()
+                "node_id = {id}\napi_addr = \"{api_addr}\"\nraft_addr = \"{raft_addr}\"\ndata_dir = \"{}\"\nfault_injection = true\nmax_clock_offset_ms = {}\n{extra}\n{members}",
+                data_dir.display(),
+                crate::nemesis::workload::MAX_CLOCK_OFFSET_MS,
             );
             std::fs::write(&config, text)
                 .with_context(|| format!("writing {}", config.display()))?;

@@ -54,6 +54,10 @@ pub struct Applied {
     pub note: String,
     /// Whether a node it took led when it began or ended.
     pub led: bool,
+    /// A wall clock it set off by this much (ms), if any.
+    pub clock_offset_ms: i64,
+    /// For a clock set off within the bound: why the node said it stood down, if it did.
+    pub stood_down: Option<String>,
     pub from_us: u64,
     pub to_us: u64,
 }
@@ -76,9 +80,6 @@ const PROBE_CLIENT: usize = 1_000;
 const BACK_WAIT: Duration = Duration::from_secs(20);
 /// How long the healed fleet's replicas may take to apply the same log index.
 const CONVERGE_WAIT: Duration = Duration::from_secs(30);
-/// How long after a forward clock is set back the fleet's clock may still jump: the
-/// node still leads (no other fault is on), so its last stamped entry commits at once.
-const JUMP_MARGIN_US: u64 = 1_000_000;
 
 /// Runs the nemesis: a fleet, the workload and the schedule for `plan.duration`, then a
 /// heal and the checkers.
@@ -195,30 +196,16 @@ pub async fn run(plan: &Plan) -> anyhow::Result<Outcomes> {
             })
         })
         .collect();
-    // The fleet's clock jumps only if the node whose clock ran ahead led meanwhile. The
-    // entry that makes it jump was stamped before the clock was set back, but may be
-    // applied a little after.
-    let jumps: Vec<(u64, u64)> = applied
+    let set_off: Vec<check::SetOff> = applied
         .iter()
-        .filter(|fault| {
-            fault.led && matches!(fault.planned.fault, Fault::Clock { forward: true, .. })
-        })
-        .map(|fault| (fault.from_us, fault.to_us + JUMP_MARGIN_US))
-        .collect();
-    let refills: Vec<(u64, u64)> = applied
-        .iter()
-        .filter(|fault| fault.led && matches!(fault.planned.fault, Fault::Clock { .. }))
-        .map(|fault| (fault.from_us, fault.to_us + JUMP_MARGIN_US))
-        .collect();
-    let skewed: Vec<(u64, u64, u64)> = applied
-        .iter()
-        .filter(|fault| matches!(fault.planned.fault, Fault::Clock { .. }))
+        .filter(|fault| fault.clock_offset_ms != 0)
         .flat_map(|fault| {
-            let to_us = fault.to_us + JUMP_MARGIN_US;
-            fault
-                .nodes
-                .iter()
-                .map(move |node| (*node, fault.from_us, to_us))
+            fault.nodes.iter().map(|node| check::SetOff {
+                node: *node,
+                from_us: fault.from_us,
+                to_us: fault.to_us,
+                offset_us: fault.clock_offset_ms * 1_000,
+            })
         })
         .collect();
     let fault_spans: Vec<(u64, u64)> = applied
@@ -232,14 +219,27 @@ pub async fn run(plan: &Plan) -> anyhow::Result<Outcomes> {
         downtimes: &downtimes,
         slack_us: plan.deadline_slack.as_micros() as u64,
         settled_by_us,
-        jumps: &jumps,
-        refills: &refills,
-        skewed: &skewed,
+        set_off: &set_off,
+        bound_us: workload::MAX_CLOCK_OFFSET_MS * 1_000,
         faults: &fault_spans,
         bucket: workload::BUCKET,
         voters: plan.nodes,
     });
     findings.checked_in = checking.elapsed();
+    for fault in &applied {
+        if let Some(reason) = &fault.stood_down {
+            findings.anomalies.push(check::Anomaly {
+                checker: "skew below the bound",
+                detail: format!(
+                    "node {:?}, its clock {} ms off (the bound is {} ms), stood down: {reason}",
+                    fault.nodes,
+                    fault.clock_offset_ms,
+                    workload::MAX_CLOCK_OFFSET_MS
+                ),
+                ops: Vec::new(),
+            });
+        }
+    }
     if !reconciled {
         findings.anomalies.push(check::Anomaly {
             checker: "reconciled after heal",
@@ -371,7 +371,8 @@ async fn inflict(fleet: &mut Fleet, recorder: &Recorder, planned: &Planned) -> A
         | Fault::Delay { target, .. }
         | Fault::Pause { target }
         | Fault::Kill { target }
-        | Fault::Clock { target, .. } => resolve(fleet, target).await,
+        | Fault::Clock { target, .. }
+        | Fault::Skew { target, .. } => resolve(fleet, target).await,
         Fault::Split { .. } | Fault::Lost { .. } | Fault::Membership => leader,
     };
     let mut applied = Applied {
@@ -379,6 +380,8 @@ async fn inflict(fleet: &mut Fleet, recorder: &Recorder, planned: &Planned) -> A
         nodes: Vec::new(),
         note: String::new(),
         led: false,
+        clock_offset_ms: 0,
+        stood_down: None,
         from_us,
         to_us: from_us,
     };
@@ -535,7 +538,26 @@ async fn inflict(fleet: &mut Fleet, recorder: &Recorder, planned: &Planned) -> A
             } else {
                 -workload::CLOCK_SKEW_MS
             };
+            applied.clock_offset_ms = offset_ms;
             for_a_while(fleet, id, &[], offset_ms, lasts).await;
+            vec![id]
+        }
+        Fault::Skew { forward, .. } => {
+            let offset_ms = if forward {
+                workload::SMALL_SKEW_MS
+            } else {
+                -workload::SMALL_SKEW_MS
+            };
+            applied.clock_offset_ms = offset_ms;
+            let _ = fleet.set_faults(id, &[], false, offset_ms).await;
+            tokio::time::sleep(lasts).await;
+            // Within the bound nothing may change: the node must not have stood down.
+            applied.stood_down = fleet
+                .status(id)
+                .await
+                .map(|status| status.degraded_reason)
+                .filter(|reason| reason.contains("clock offset"));
+            let _ = fleet.set_faults(id, &[], false, 0).await;
             vec![id]
         }
     };
@@ -617,6 +639,7 @@ impl Outcomes {
             "linearizability inconclusive",
             "bucket linearizability",
             "bucket linearizability inconclusive",
+            "skew below the bound",
         ] {
             by_checker.insert(checker, 0);
         }
@@ -625,7 +648,7 @@ impl Outcomes {
         }
         let _ = writeln!(
             out,
-            "anomalies: {by_checker:?} ({} claim keys and {} bucket stretches ({} fleet answers) checked for linearizability in {:.1} s, {} keys inconclusive: {:?})",
+            "anomalies: {by_checker:?} ({} claim keys and {} buckets ({} fleet answers) checked for linearizability in {:.1} s, {} keys inconclusive: {:?})",
             self.findings.keys_checked,
             self.findings.buckets_checked.0,
             self.findings.buckets_checked.1,

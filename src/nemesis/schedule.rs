@@ -44,10 +44,21 @@ pub enum Fault {
     Membership,
     /// Set the target's wall clock forward or back by more than the pending TTL.
     Clock { target: Target, forward: bool },
+    /// Set the target's wall clock forward or back by half of `max_clock_offset_ms`: within
+    /// the bound, so nothing may change.
+    Skew { target: Target, forward: bool },
 }
 
 /// Every kind, as the report names them.
-pub const KINDS: [&str; 6] = ["partition", "pause", "kill", "lost", "membership", "clock"];
+pub const KINDS: [&str; 7] = [
+    "partition",
+    "pause",
+    "kill",
+    "lost",
+    "membership",
+    "clock",
+    "skew",
+];
 
 impl Fault {
     /// The kind's name in the report.
@@ -62,6 +73,7 @@ impl Fault {
             Fault::Lost { .. } => "lost",
             Fault::Membership => "membership",
             Fault::Clock { .. } => "clock",
+            Fault::Skew { .. } => "skew",
         }
     }
 }
@@ -131,6 +143,10 @@ pub fn plan(seed: u64, duration_ms: u64, kinds: &[&str]) -> Vec<Planned> {
             },
             "membership" => Fault::Membership,
             "clock" => Fault::Clock {
+                target: target(&mut rng),
+                forward: rng.gen_bool(0.5),
+            },
+            "skew" => Fault::Skew {
                 target: target(&mut rng),
                 forward: rng.gen_bool(0.5),
             },

@@ -24,11 +24,15 @@ const TENANT: &str = "nemesis";
 const SOURCE: &str = "provider";
 /// Committed claims in the checked key space outlive any run, and any clock fault.
 const CLAIM_TTL_MS: u64 = 86_400_000;
-/// Pending claims outlive any run too, but not a clock set forward by [`CLOCK_SKEW_MS`]
-/// (the checkers' model lets a pending claim end only at such a jump).
+/// Pending claims outlive any run too, even on a node whose clock is set forward by
+/// [`CLOCK_SKEW_MS`]: the fleet's time moves by at most [`MAX_CLOCK_OFFSET_MS`] with it.
 pub const PENDING_TTL_MS: u64 = 3_600_000;
 /// How far the `clock` fault sets a wall clock, forward or back: past the pending TTL.
 pub const CLOCK_SKEW_MS: i64 = 5_400_000;
+/// The fleet's `max_clock_offset_ms` (the nodes' configs say so).
+pub const MAX_CLOCK_OFFSET_MS: u64 = 500;
+/// How far the `skew` fault sets a wall clock, forward or back: within the bound.
+pub const SMALL_SKEW_MS: i64 = MAX_CLOCK_OFFSET_MS as i64 / 2;
 /// The charges' bucket: 10 at once, 10 per second.
 pub const BUCKET: crate::nemesis::check::budget::Bucket = crate::nemesis::check::budget::Bucket {
     increment_us: 100_000,

@@ -29,18 +29,18 @@
 //! just before a refusal that has too little in the bucket without them. An unknown reset
 //! goes to a pool of its own, spent just before an `allowed` that needs an empty bucket.
 //!
-//! A wall clock set off (the `clock` fault) takes the model out of its depth: a leader's
-//! clock set back stands the stamps still, one set forward moves the fleet's clock 90
-//! minutes ahead, where it stays for the rest of the run (reliability.md). So each such
-//! fault starts a new stretch, checked on its own: the calls that overlap the fault are
-//! left out (they join the pools, so what they charged is still counted), and the stretch
-//! starts from any TAT at all, either with the clock at real time or frozen far ahead
-//! (where every later call applies at one and the same time).
+//! A wall clock set off (the `clock` and `skew` faults) moves the fleet's time off real
+//! time by at most the smaller of its offset and `max_clock_offset_ms` (contract §3): a
+//! leader's stamps follow its monotonic clock within that bound. So a call that overlaps
+//! such a drift ([`super::drifts`]) may carry a stamp that far outside its span, and
+//! nothing else changes: the search goes on through the fault from the state it reached,
+//! one search per tenant for the whole run, so a fleet whose clock froze or jumped further
+//! than the bound shows as answers no stamps explain.
 
 use std::collections::BTreeMap;
 
 use super::budget::Bucket;
-use super::search;
+use super::{drift_within, search, Drift};
 use crate::nemesis::history::{Answer, Decided, Op, Outcome, Request};
 
 /// The model's time step: stamps are compared to this precision.
@@ -48,9 +48,6 @@ pub const GRID_US: u64 = 1_000;
 /// How far a stamp may lie outside its call's span as the nemesis timed it (the nodes'
 /// wall clocks and the nemesis's monotonic clock, read microseconds apart).
 const STAMP_SLACK_US: u64 = 2_000;
-/// From here up (in grid steps), the fleet's clock is frozen far ahead: every call applies
-/// at the clock itself.
-const FROZEN: u64 = 1 << 50;
 /// How far back from the op a failed search stopped at the report shows the bucket's ops.
 pub const CONTEXT_US: u64 = 2_000_000;
 /// Steps one bucket's search may take before it gives up.
@@ -77,12 +74,15 @@ enum Said {
     Reset,
 }
 
-/// One call the fleet answered, with its span in grid steps, widened.
+/// One call the fleet answered, with its span in grid steps, widened, and the stamps it may
+/// have carried (its span, widened further by a drift it overlaps).
 #[derive(Clone, Debug)]
 struct Call {
     op: usize,
     from: u64,
     to: u64,
+    stamp_from: u64,
+    stamp_to: u64,
     said: Said,
 }
 
@@ -131,15 +131,6 @@ impl Diagonals {
 }
 
 impl Model {
-    /// The latest time `call` can apply at from `state`: its return, or the frozen clock.
-    fn latest(state: &State, call: &Call) -> u64 {
-        if state.clock >= FROZEN {
-            state.clock
-        } else {
-            call.to
-        }
-    }
-
     /// An `allowed` from `state`, if a stamp explains it.
     fn allowed(
         &self,
@@ -148,11 +139,11 @@ impl Model {
         out: &mut Vec<State>,
         later: &mut Diagonals,
     ) -> Option<u64> {
-        let latest = Self::latest(state, call);
+        let latest = call.stamp_to;
         // The earliest stamp with room: the bucket must have drained to C − I.
         let at = state
             .clock
-            .max(call.from)
+            .max(call.stamp_from)
             .max((state.tat + self.increment).saturating_sub(self.capacity));
         if at > latest {
             return None;
@@ -179,19 +170,15 @@ impl Model {
     ) {
         let waited = self
             .allowed(state, call, out, later)
-            .is_none_or(|at| at > state.clock.max(call.from));
+            .is_none_or(|at| at > state.clock.max(call.stamp_from));
         if !waited {
             return;
         }
         let Some(invoked) = self.resets.get(state.resets) else {
             return;
         };
-        let at = if state.clock >= FROZEN {
-            state.clock
-        } else {
-            state.clock.max(*invoked)
-        };
-        if at <= Self::latest(state, call) {
+        let at = state.clock.max(*invoked);
+        if at <= call.stamp_to {
             let emptied = State {
                 tat: at,
                 clock: at,
@@ -210,12 +197,11 @@ impl Model {
         out: &mut Vec<State>,
         later: &mut Diagonals,
     ) {
-        let latest = Self::latest(state, call);
+        let latest = call.stamp_to;
         let (increment, capacity) = (self.increment, self.capacity);
-        let frozen = state.clock >= FROZEN;
-        let mut at = state.clock.max(call.from);
+        let mut at = state.clock.max(call.stamp_from);
         for spent in 0..=self.charges.len() - state.charges {
-            if spent > 0 && !frozen {
+            if spent > 0 {
                 at = at.max(self.charges[state.charges + spent - 1]);
             }
             if at > latest {
@@ -278,8 +264,8 @@ impl Model {
 
     /// A reset from `state`: the bucket empties at the earliest stamp.
     fn reset(state: &State, call: &Call, out: &mut Vec<State>) {
-        let at = state.clock.max(call.from);
-        if at <= Self::latest(state, call) {
+        let at = state.clock.max(call.stamp_from);
+        if at <= call.stamp_to {
             out.push(State {
                 tat: at,
                 clock: at,
@@ -332,12 +318,12 @@ fn prune(mut states: Vec<State>) -> Vec<State> {
     kept
 }
 
-/// What the search concluded for one stretch of one bucket.
+/// What the search concluded for one tenant's bucket.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Verdict {
     Linearizable,
     /// No order and stamps explain the answers: the one the longest explained prefix could
-    /// not go on with, and the stretch's ops up to [`CONTEXT_US`] before it, by id.
+    /// not go on with, and the bucket's ops up to [`CONTEXT_US`] before it, by id.
     NotLinearizable {
         ops: Vec<usize>,
         stuck: usize,
@@ -346,26 +332,17 @@ pub enum Verdict {
     Inconclusive,
 }
 
-/// One stretch of one tenant's bucket, checked.
+/// One tenant's bucket, checked over the whole run.
 #[derive(Clone, Debug)]
 pub struct Checked {
     pub tenant: String,
-    /// When the stretch began (µs since the run began).
-    pub from_us: u64,
     /// The fleet answers it checked.
     pub calls: usize,
     pub verdict: Verdict,
 }
 
-/// A stretch between clock faults: from when, and whether a clock fault came before it.
-struct Stretch {
-    from_us: u64,
-    after_clock_fault: bool,
-    calls: Vec<Call>,
-}
-
-/// One tenant's stretches, and when its pooled charges and resets were invoked.
-type Tenant = (Vec<Stretch>, Vec<u64>, Vec<u64>);
+/// One tenant's fleet answers, and when its pooled charges and resets were invoked.
+type Tenant = (Vec<Call>, Vec<u64>, Vec<u64>);
 
 fn grid_down(us: u64) -> u64 {
     us.saturating_sub(STAMP_SLACK_US) / GRID_US
@@ -375,20 +352,9 @@ fn grid_up(us: u64) -> u64 {
     (us + STAMP_SLACK_US).div_ceil(GRID_US)
 }
 
-/// The verdict for every tenant's bucket in `history`, stretch by stretch; `skewed`
-/// (node, from, to) are the clock faults.
-pub fn check(history: &[Op], bucket: Bucket, skewed: &[(u64, u64, u64)]) -> Vec<Checked> {
-    let faults: Vec<(u64, u64)> = skewed.iter().map(|(_, from, to)| (*from, *to)).collect();
-    let mut fault_ends: Vec<u64> = faults.iter().map(|(_, to)| *to).collect();
-    fault_ends.sort_unstable();
-    let during_fault = |op: &Op| {
-        faults.iter().any(|(from, to)| {
-            op.invoke_us.saturating_sub(STAMP_SLACK_US) <= *to
-                && op.return_us + STAMP_SLACK_US >= *from
-        })
-    };
-    // Which stretch an op is in: how many clock faults ended before it.
-    let stretch_of = |op: &Op| fault_ends.iter().filter(|to| **to < op.invoke_us).count();
+/// The verdict for every tenant's bucket in `history`; in each of `drifts` the fleet's
+/// clock may have been off real time by up to its offset.
+pub fn check(history: &[Op], bucket: Bucket, drifts: &[Drift]) -> Vec<Checked> {
     let mut tenants: BTreeMap<&str, Tenant> = BTreeMap::new();
     for op in history {
         let (tenant, said) = match (&op.request, &op.outcome) {
@@ -405,44 +371,37 @@ pub fn check(history: &[Op], bucket: Bucket, skewed: &[(u64, u64, u64)]) -> Vec<
             (Request::Charge { tenant } | Request::Reset { tenant }, _) => (tenant, None),
             _ => continue,
         };
-        let (stretches, charges, resets) = tenants.entry(tenant).or_insert_with(|| {
-            let stretches = std::iter::once(0)
-                .chain(fault_ends.iter().copied())
-                .enumerate()
-                .map(|(index, from_us)| Stretch {
-                    from_us,
-                    after_clock_fault: index > 0,
-                    calls: Vec::new(),
-                })
-                .collect();
-            (stretches, Vec::new(), Vec::new())
-        });
+        let (calls, charges, resets) = tenants.entry(tenant).or_default();
+        let drift_us = drift_within(drifts, op.invoke_us, op.return_us);
         let invoked = grid_down(op.invoke_us);
         let pooled = match (&op.request, &op.outcome, said) {
-            (_, _, Some(said)) if !during_fault(op) => {
-                stretches[stretch_of(op)].calls.push(Call {
+            (_, _, Some(said)) => {
+                calls.push(Call {
                     op: op.id,
                     from: invoked,
                     to: grid_up(op.return_us),
+                    stamp_from: grid_down(op.invoke_us.saturating_sub(drift_us)),
+                    stamp_to: grid_up(op.return_us + drift_us),
                     said,
                 });
                 (0, 0)
             }
-            // Left out for a clock fault: what it did is still counted, at some time.
-            (_, _, Some(Said::Allowed)) => (1, 0),
-            (_, _, Some(Said::Reset)) => (0, 1),
-            (_, _, Some(Said::RateLimited)) => (0, 0),
             (_, Outcome::NotSent(_), None) => (0, 0),
             (Request::Charge { .. }, Outcome::Answered(Answer::RateLimited, _), None) => (1, 0),
             (Request::Charge { .. }, _, None) => (2, 0),
             (Request::Reset { .. }, _, None) => (0, 1),
             _ => (0, 0),
         };
-        charges.extend(std::iter::repeat_n(invoked, pooled.0));
-        resets.extend(std::iter::repeat_n(invoked, pooled.1));
+        // A pooled call applies at a stamp after its invocation, less any drift it met.
+        let stamped_from = grid_down(op.invoke_us.saturating_sub(drift_us));
+        charges.extend(std::iter::repeat_n(stamped_from, pooled.0));
+        resets.extend(std::iter::repeat_n(stamped_from, pooled.1));
     }
     let mut checked = Vec::new();
-    for (tenant, (stretches, mut charges, mut resets)) in tenants {
+    for (tenant, (calls, mut charges, mut resets)) in tenants {
+        if calls.is_empty() {
+            continue;
+        }
         charges.sort_unstable();
         resets.sort_unstable();
         let model = Model {
@@ -451,51 +410,27 @@ pub fn check(history: &[Op], bucket: Bucket, skewed: &[(u64, u64, u64)]) -> Vec<
             charges,
             resets,
         };
-        for stretch in stretches {
-            if stretch.calls.is_empty() {
-                continue;
-            }
-            let verdict = check_stretch(&model, &stretch);
-            checked.push(Checked {
-                tenant: tenant.to_owned(),
-                from_us: stretch.from_us,
-                calls: stretch.calls.len(),
-                verdict,
-            });
-        }
+        checked.push(Checked {
+            tenant: tenant.to_owned(),
+            calls: calls.len(),
+            verdict: check_calls(&model, &calls),
+        });
     }
     checked
 }
 
-fn check_stretch(model: &Model, stretch: &Stretch) -> Verdict {
-    let initial: Vec<State> = if stretch.after_clock_fault {
-        // Any TAT at all, at the stretch's start or at a clock frozen far ahead.
-        let start = grid_down(stretch.from_us);
-        [start, FROZEN]
-            .into_iter()
-            .flat_map(|clock| {
-                (0..=model.capacity).map(move |fill| State {
-                    tat: clock + fill,
-                    clock,
-                    charges: 0,
-                    resets: 0,
-                })
-            })
-            .collect()
-    } else {
-        // The run's fleet starts empty.
-        vec![State {
-            tat: 0,
-            clock: 0,
-            charges: 0,
-            resets: 0,
-        }]
-    };
-    let calls = &stretch.calls;
+fn check_calls(model: &Model, calls: &[Call]) -> Verdict {
+    // The run's fleet starts empty.
+    let initial = vec![State {
+        tat: 0,
+        clock: 0,
+        charges: 0,
+        resets: 0,
+    }];
     match search::search(
         calls,
         |call| (call.from, call.to),
-        prune(initial),
+        initial,
         |states, call| model.apply(states, call),
         STEPS_MAX,
     ) {
@@ -567,13 +502,13 @@ mod tests {
             .collect()
     }
 
-    fn verdicts(history: &[Op], skewed: &[(u64, u64, u64)]) -> Vec<Verdict> {
+    fn verdicts(history: &[Op], drifts: &[Drift]) -> Vec<Verdict> {
         let mut history = history.to_vec();
         history.sort_by_key(|op| op.invoke_us);
         for (id, op) in history.iter_mut().enumerate() {
             op.id = id;
         }
-        check(&history, BUCKET, skewed)
+        check(&history, BUCKET, drifts)
             .into_iter()
             .map(|checked| checked.verdict)
             .collect()
@@ -692,39 +627,61 @@ mod tests {
         assert!(!linearizable(&late));
     }
 
-    /// After a clock fault the bucket may hold anything and its clock may be frozen far
-    /// ahead (no refill), but no more than a burst passes at once.
+    /// A drift of the fleet's clock (a clock set off, within `max_clock_offset_ms`) lets a
+    /// call carry a stamp that far outside its span, and no further: a frozen or jumped
+    /// clock, as before bounded fleet time, explains nothing.
     #[test]
-    fn after_a_clock_fault_a_stretch_starts_from_any_bucket() {
-        let skewed = [(2, 2_000_000, 3_000_000)];
-        // Refusals long after the fault, with nothing charged: a frozen clock explains them.
-        let refusals: Vec<Op> = (0..5)
-            .map(|i| {
-                let at_us = 4_000_000 + i * 1_000_000;
-                refused(i as usize, at_us)
-            })
-            .collect();
-        assert_eq!(verdicts(&refusals, &skewed), vec![Verdict::Linearizable]);
+    fn a_drift_moves_stamps_by_its_offset_and_no_more() {
+        let drift = |off_us: u64| Drift {
+            from_us: 900_000,
+            to_us: 1_300_000,
+            off_us,
+        };
+        // Ten charges fill the bucket at 1 s; an eleventh allowed 50 ms later needs the
+        // fleet's clock 100 ms on: a clock 100 ms ahead explains it, 20 ms does not.
+        let mut ahead = burst(0, 1_000_000, 10);
+        ahead.push(charge(10, (1_050_000, 1_051_000), fleet(Answer::Allowed)));
         assert!(matches!(
-            verdicts(&refusals, &[])[..],
+            verdicts(&ahead, &[])[..],
             [Verdict::NotLinearizable { .. }]
         ));
-        // Eleven at once are too many, whatever the bucket held.
-        let over = burst(0, 4_000_000, 11);
-        assert!(matches!(
-            verdicts(&over, &skewed)[..],
-            [Verdict::NotLinearizable { .. }]
-        ));
-        // Calls during the fault are left out, even eleven at once: the one stretch
-        // checked holds only the refusal after it.
-        let mut history = burst(0, 2_500_000, 11);
-        history.push(refused(11, 3_010_000));
-        let checked = check(&history, BUCKET, &skewed);
-        assert_eq!(checked.len(), 1, "{checked:?}");
         assert_eq!(
-            (checked[0].calls, &checked[0].verdict),
-            (1, &Verdict::Linearizable)
+            verdicts(&ahead, &[drift(100_000)]),
+            vec![Verdict::Linearizable]
         );
+        assert!(matches!(
+            verdicts(&ahead, &[drift(20_000)])[..],
+            [Verdict::NotLinearizable { .. }]
+        ));
+        // A refusal 150 ms after the burst had room at real time; a clock standing 100 ms
+        // behind explains it, one 20 ms behind does not.
+        let mut behind = burst(0, 1_000_000, 10);
+        behind.push(refused(10, 1_150_000));
+        assert!(matches!(
+            verdicts(&behind, &[])[..],
+            [Verdict::NotLinearizable { .. }]
+        ));
+        assert_eq!(
+            verdicts(&behind, &[drift(100_000)]),
+            vec![Verdict::Linearizable]
+        );
+        assert!(matches!(
+            verdicts(&behind, &[drift(20_000)])[..],
+            [Verdict::NotLinearizable { .. }]
+        ));
+        // Refusals long after, with nothing charged: no drift explains a frozen clock.
+        let frozen: Vec<Op> = (0..5)
+            .map(|i| refused(i as usize, 4_000_000 + i * 1_000_000))
+            .collect();
+        let wide = Drift {
+            from_us: 2_000_000,
+            to_us: 9_000_000,
+            off_us: 500_000,
+        };
+        assert!(matches!(
+            verdicts(&frozen, &[wide])[..],
+            [Verdict::NotLinearizable { .. }]
+        ));
     }
 
     /// The set of states stays small: it is pruned to the states no other one beats.

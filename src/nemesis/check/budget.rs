@@ -18,14 +18,17 @@
 //! own buckets are emptied only by a reset sent to that node (it clears them before it
 //! proposes) and by a restart (they live in memory).
 //!
-//! A leader's clock set off refills a bucket once: set forward, the fleet's clock jumps at
-//! once; set back, the leader's stamps stand still (the clock never goes back) and jump
-//! when its clock is set right again. Either way the bucket gains at most `C` it had not
-//! earned, so each such refill inside a stretch adds one `C`.
+//! A leader's clock set off moves the fleet's time off real time by at most
+//! `max_clock_offset_ms` (contract §3, [`super::drifts`]): set forward, the stamps run ahead
+//! by at most that; set back, they stand still for at most that. Either way the bucket
+//! gains at most that much time it had not earned, so each drift inside a stretch adds its
+//! offset to the stretch's time. A node's own buckets run on its own wall clock: one set
+//! forward may fill them (at most their capacity), and they start from the replica's TATs,
+//! so the fleet's drifts count for them too.
 
 use std::collections::BTreeMap;
 
-use super::{Anomaly, Downtime};
+use super::{drift_within, Anomaly, Downtime, Drift, SetOff};
 use crate::nemesis::history::{Answer, Decided, Op, Outcome, Request};
 
 /// One bucket's shape, as the workload charges it.
@@ -48,11 +51,10 @@ pub struct Budgets<'a> {
     pub bucket: Bucket,
     /// Voters sharing the bucket in a fallback (the fewest there were: the largest share).
     pub voters: u64,
-    /// (from, to): a leader's wall clock was set off in between, forward or back.
-    pub refills: &'a [(u64, u64)],
-    /// (node, from, to): that node's wall clock was set off in between. Its own buckets
-    /// run on it, leader or not.
-    pub skewed: &'a [(u64, u64, u64)],
+    /// When the fleet's clock may be off real time, and by how much.
+    pub drifts: &'a [Drift],
+    /// The wall clocks set off: a node's own buckets run on its own, leader or not.
+    pub set_off: &'a [SetOff],
     /// (from, to) of every fault.
     pub faults: &'a [(u64, u64)],
     /// Every time a node was down or restarting.
@@ -60,21 +62,24 @@ pub struct Budgets<'a> {
 }
 
 /// The first stretch of `allowed` over its allowance, if any: `capacity` is the bucket's
-/// `C`; `resets` (from, to) and `refills` (from, to) are as in the module docs.
+/// `C`; `resets` (from, to) are as in the module docs, and each of `refills` (from, to,
+/// time) gave the bucket that much unearned time between `from` and `to`.
 fn over_allowance(
     allowed: &Allowed,
     increment_us: u64,
     capacity_us: u64,
     resets: &[(u64, u64)],
-    refills: &[(u64, u64)],
+    refills: &[(u64, u64, u64)],
 ) -> Option<(u64, u64, Vec<usize>)> {
     let mut by_return = allowed.clone();
     by_return.sort_by_key(|(_, return_us, _)| *return_us);
-    let overlaps = |spans: &[(u64, u64)], a: u64, b: u64| {
-        spans
+    let reset_between = |a: u64, b: u64| resets.iter().any(|(from, to)| *from <= b && *to >= a);
+    let refilled = |a: u64, b: u64| -> u64 {
+        refills
             .iter()
-            .filter(|(from, to)| *from <= b && *to >= a)
-            .count() as u64
+            .filter(|(from, to, _)| *from <= b && *to >= a)
+            .map(|(_, _, time)| time)
+            .sum()
     };
     for (a, _, _) in allowed {
         let mut inside = Vec::new();
@@ -83,12 +88,11 @@ fn over_allowance(
                 continue;
             }
             let b = *return_us;
-            if overlaps(resets, *a, b) > 0 {
+            if reset_between(*a, b) {
                 break;
             }
             inside.push(*op);
-            let fills = 1 + overlaps(refills, *a, b);
-            let allowance = (capacity_us * fills + (b - a)) / increment_us + 1;
+            let allowance = (capacity_us + refilled(*a, b) + (b - a)) / increment_us + 1;
             if inside.len() as u64 > allowance {
                 return Some((*a, b, inside));
             }
@@ -151,16 +155,24 @@ pub fn budgets(history: &[Op], run: &Budgets<'_>) -> Vec<Anomaly> {
             .get(&(tenant.clone(), *decider))
             .cloned()
             .unwrap_or_default();
-        let mut refills = run.refills.to_vec();
+        let mut refills: Vec<(u64, u64, u64)> = run
+            .drifts
+            .iter()
+            .map(|drift| (drift.from_us, drift.to_us, drift.off_us))
+            .collect();
         let capacity_us = match decider {
             None => run.bucket.capacity_us,
             Some(node) => {
-                refills.extend(
-                    run.skewed
-                        .iter()
-                        .filter(|(skewed, _, _)| skewed == node)
-                        .map(|(_, from, to)| (*from, *to)),
-                );
+                refills.extend(run.set_off.iter().filter(|clock| clock.node == *node).map(
+                    |clock| {
+                        let time = clock.offset_us.unsigned_abs().min(share_us);
+                        (
+                            clock.from_us,
+                            clock.to_us + super::SET_RIGHT_MARGIN_US,
+                            time,
+                        )
+                    },
+                ));
                 // A restart empties a node's own buckets too.
                 emptied.extend(
                     run.downtimes
@@ -217,9 +229,9 @@ const REFUSAL_LOOKBACK_US: u64 = 30_000_000;
 ///   node hands the charge over as well;
 /// - an unknown charge counts once.
 ///
-/// Resets only lower a TAT. A refusal after a wall clock was set off is not checked: a
-/// clock set back stands the stamps still (`refills`).
-pub fn refusals(history: &[Op], bucket: Bucket, clocks_from_us: Option<u64>) -> Vec<Anomaly> {
+/// Resets only lower a TAT. Where the fleet's clock may lag real time (`drifts`), the time
+/// between `s` and the refusal counts that much less.
+pub fn refusals(history: &[Op], bucket: Bucket, drifts: &[Drift]) -> Vec<Anomaly> {
     let increment_us = bucket.increment_us;
     let mut by_tenant: BTreeMap<&str, RefusalsAndCharges<'_>> = BTreeMap::new();
     for op in history {
@@ -243,9 +255,6 @@ pub fn refusals(history: &[Op], bucket: Bucket, clocks_from_us: Option<u64>) -> 
     let mut anomalies = Vec::new();
     for (tenant, (refused, took)) in by_tenant {
         for op in refused {
-            if clocks_from_us.is_some_and(|from_us| from_us <= op.return_us) {
-                continue;
-            }
             let (at_us, by_us) = (op.invoke_us, op.return_us);
             let since = at_us.saturating_sub(REFUSAL_LOOKBACK_US);
             // Charges that may have come before it, by return: those returned before the
@@ -265,7 +274,9 @@ pub fn refusals(history: &[Op], bucket: Bucket, clocks_from_us: Option<u64>) -> 
             before.sort_unstable_by(|a, b| b.cmp(a));
             // s just after the k-th latest return: N(s) = always + k.
             let had_room = before.iter().enumerate().find(|(k, s)| {
-                (at_us - **s).min(bucket.capacity_us) >= increment_us * (always + *k as u64 + 2)
+                let lag_us = drift_within(drifts, **s, by_us);
+                (at_us - **s).saturating_sub(lag_us).min(bucket.capacity_us)
+                    >= increment_us * (always + *k as u64 + 2)
             });
             if let Some((k, s)) = had_room {
                 anomalies.push(Anomaly {
@@ -298,8 +309,8 @@ mod tests {
         Budgets {
             bucket: BUCKET,
             voters: 3,
-            refills: &[],
-            skewed: &[],
+            drifts: &[],
+            set_off: &[],
             faults: &[],
             downtimes: &[],
         }
@@ -319,9 +330,10 @@ mod tests {
     }
 
     /// Eleven charges in 10 ms: the fleet's bucket admits ten at once, plus one for the
-    /// stretch's ends; a twelfth is over. A reset between them, or a clock set off, explains it.
+    /// stretch's ends; a twelfth is over. A reset between them, or a clock set off by at
+    /// least one increment, explains it; one set off by less does not.
     #[test]
-    fn a_burst_over_the_capacity_is_caught_unless_a_reset_or_jump_explains_it() {
+    fn a_burst_over_the_capacity_is_caught_unless_a_reset_or_drift_explains_it() {
         let burst = |count: usize, decided: Decided| -> Vec<Op> {
             (0..count)
                 .map(|i| charge(i, i as u64 * 1_000, decided))
@@ -331,11 +343,21 @@ mod tests {
         let over = budgets(&burst(12, Decided::Fleet), &quiet());
         assert_eq!(over.len(), 1, "{over:?}");
         assert_eq!(over[0].checker, "budget");
-        let jumped = Budgets {
-            refills: &[(5_000, 6_000)],
-            ..quiet()
+        let drifted = |off_us: u64| {
+            budgets(
+                &burst(12, Decided::Fleet),
+                &Budgets {
+                    drifts: &[Drift {
+                        from_us: 5_000,
+                        to_us: 6_000,
+                        off_us,
+                    }],
+                    ..quiet()
+                },
+            )
         };
-        assert!(budgets(&burst(12, Decided::Fleet), &jumped).is_empty());
+        assert!(drifted(100_000).is_empty());
+        assert_eq!(drifted(50_000).len(), 1);
 
         let mut with_reset = burst(12, Decided::Fleet);
         with_reset.push(Op {
@@ -382,17 +404,29 @@ mod tests {
             .map(|i| charge(i, 1_000 + i as u64, Decided::Fleet))
             .collect();
         history.push(refused(10, 20_000));
-        assert!(refusals(&history, BUCKET, None).is_empty());
+        assert!(refusals(&history, BUCKET, &[]).is_empty());
         // Two seconds later the bucket has refilled: a refusal then had room.
         history.push(refused(11, 2_100_000));
-        let found = refusals(&history, BUCKET, None);
+        let found = refusals(&history, BUCKET, &[]);
         assert_eq!(found.len(), 1, "{found:?}");
         assert_eq!(found[0].ops, vec![11]);
-        // Unless a clock was set off before it, or a node's own charges may have been
-        // handed to the fleet meanwhile.
-        assert!(refusals(&history, BUCKET, Some(1_500_000)).is_empty());
+        // A clock set off in between lets the fleet's time lag by at most its drift: half a
+        // second of lag still leaves room two seconds on, a lag as long as the quiet time
+        // does not.
+        let lagged = |off_us: u64| {
+            let drift = Drift {
+                from_us: 1_500_000,
+                to_us: 2_000_000,
+                off_us,
+            };
+            refusals(&history, BUCKET, &[drift]).len()
+        };
+        assert_eq!(lagged(500_000), 1);
+        assert_eq!(lagged(2_000_000), 0);
+        // Nor does it have room if a node's own charges may have been handed to the fleet
+        // meanwhile.
         history.extend((0..20).map(|i| charge(100 + i, 2_000_000, Decided::Local)));
-        assert!(refusals(&history, BUCKET, None).is_empty());
+        assert!(refusals(&history, BUCKET, &[]).is_empty());
     }
 
     /// Idle time beyond the capacity adds no room: a long quiet spell, then a burst that
@@ -406,16 +440,16 @@ mod tests {
         let mut history = vec![charge(0, 1_000, Decided::Fleet)];
         history.extend((1..=10).map(|i| charge(i, 5_000_000 + i as u64 * 1_000, Decided::Fleet)));
         history.push(refused(11, 5_050_000));
-        assert!(refusals(&history, BUCKET, None).is_empty());
+        assert!(refusals(&history, BUCKET, &[]).is_empty());
         // Five grants a node made alone fill it too: each may be charged twice (its late
         // commit, and the hand-over).
         let mut history = vec![charge(0, 1_000, Decided::Fleet)];
         history.extend((1..=5).map(|i| charge(i, 5_000_000 + i as u64 * 1_000, Decided::Local)));
         history.push(refused(6, 5_050_000));
-        assert!(refusals(&history, BUCKET, None).is_empty());
+        assert!(refusals(&history, BUCKET, &[]).is_empty());
         // Four do not.
         history.remove(5);
-        assert_eq!(refusals(&history, BUCKET, None).len(), 1);
+        assert_eq!(refusals(&history, BUCKET, &[]).len(), 1);
     }
 
     /// An unknown reset may take effect until a while after the fault it met, not forever.

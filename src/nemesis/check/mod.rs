@@ -27,6 +27,60 @@ pub struct Downtime {
     pub to_us: u64,
 }
 
+/// A wall clock set off during a run (the `clock` and `skew` faults): on which node, from
+/// when until it was set right (µs since the run began), and by how much (µs, positive:
+/// ahead).
+#[derive(Clone, Copy, Debug)]
+pub struct SetOff {
+    pub node: u64,
+    pub from_us: u64,
+    pub to_us: u64,
+    pub offset_us: i64,
+}
+
+/// A time in which the fleet's clock may be off real time (µs since the run began), and by
+/// how much at most.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Drift {
+    pub from_us: u64,
+    pub to_us: u64,
+    pub off_us: u64,
+}
+
+/// How long after a clock is set right an entry stamped before it may still apply.
+pub const SET_RIGHT_MARGIN_US: u64 = 1_000_000;
+
+/// When the fleet's clock may be off real time, and by how much, for clocks `set_off` in a
+/// fleet whose `max_clock_offset_ms` is `bound_us` (contract §3): a leader's stamps follow
+/// its monotonic clock within the bound, so a clock set off moves the fleet's time by at
+/// most the smaller of its offset and the bound. That lasts while the clock is off, and
+/// after it is set right until real time has caught up with the stamps taken meanwhile
+/// (or a stamp from before has applied).
+pub fn drifts(set_off: &[SetOff], bound_us: u64) -> Vec<Drift> {
+    set_off
+        .iter()
+        .map(|clock| {
+            let off_us = clock.offset_us.unsigned_abs().min(bound_us);
+            Drift {
+                from_us: clock.from_us,
+                to_us: clock.to_us + off_us + SET_RIGHT_MARGIN_US,
+                off_us,
+            }
+        })
+        .collect()
+}
+
+/// The most the fleet's clock may be off real time at some moment from `from_us` to
+/// `to_us`.
+pub fn drift_within(drifts: &[Drift], from_us: u64, to_us: u64) -> u64 {
+    drifts
+        .iter()
+        .filter(|drift| drift.from_us <= to_us && drift.to_us >= from_us)
+        .map(|drift| drift.off_us)
+        .max()
+        .unwrap_or(0)
+}
+
 /// What every call may take beyond its `timeout_ms` (contract §7: a few milliseconds of
 /// local work).
 pub const DEADLINE_SLACK_US: u64 = 5_000;
@@ -65,7 +119,7 @@ pub struct Findings {
     pub inconclusive_keys: Vec<String>,
     /// Keys checked for linearizability.
     pub keys_checked: usize,
-    /// Bucket stretches checked for linearizability, and the fleet answers in them.
+    /// Buckets checked for linearizability, and the fleet answers in them.
     pub buckets_checked: (usize, usize),
     /// How long the checkers took.
     pub checked_in: std::time::Duration,
@@ -83,14 +137,10 @@ pub struct Run<'a> {
     /// Every queued settle must have reached the fleet by then (the healed fleet had
     /// handed over every local decision).
     pub settled_by_us: u64,
-    /// (from, to): a leader's wall clock was set forward by more than the pending TTL in
-    /// between, so the fleet's clock may have jumped past every pending claim.
-    pub jumps: &'a [(u64, u64)],
-    /// (from, to): a leader's wall clock was set off in between, forward or back, so a
-    /// bucket may have refilled once (see `budget`).
-    pub refills: &'a [(u64, u64)],
-    /// (node, from, to): that node's wall clock was set off in between.
-    pub skewed: &'a [(u64, u64, u64)],
+    /// The wall clocks set off during the run.
+    pub set_off: &'a [SetOff],
+    /// The fleet's `max_clock_offset_ms`, in µs.
+    pub bound_us: u64,
     /// (from, to) of every fault.
     pub faults: &'a [(u64, u64)],
     /// The charges' bucket, and how many voters share it in a fallback.
@@ -102,7 +152,8 @@ pub struct Run<'a> {
 pub fn all(run: &Run<'_>) -> Findings {
     let history = run.history;
     let mut findings = Findings::default();
-    for (key, verdict) in lin::check(history, run.settled_by_us, run.jumps) {
+    let drifts = drifts(run.set_off, run.bound_us);
+    for (key, verdict) in lin::check(history, run.settled_by_us) {
         findings.keys_checked += 1;
         match verdict {
             lin::Verdict::Linearizable => {}
@@ -125,12 +176,12 @@ pub fn all(run: &Run<'_>) -> Findings {
             }),
         }
     }
-    for checked in bucket::check(history, run.bucket, run.skewed) {
+    for checked in bucket::check(history, run.bucket, &drifts) {
         findings.buckets_checked.0 += 1;
         findings.buckets_checked.1 += checked.calls;
         let stretch = format!(
-            "tenant {}, stretch from {} µs ({} fleet answers)",
-            checked.tenant, checked.from_us, checked.calls
+            "tenant {} ({} fleet answers)",
+            checked.tenant, checked.calls
         );
         match checked.verdict {
             bucket::Verdict::Linearizable => {}
@@ -158,17 +209,16 @@ pub fn all(run: &Run<'_>) -> Findings {
     findings
         .anomalies
         .extend(deadlines(history, run.downtimes, run.slack_us));
-    let clocks_from_us = run.skewed.iter().map(|(_, from_us, _)| *from_us).min();
     findings
         .anomalies
-        .extend(budget::refusals(history, run.bucket, clocks_from_us));
+        .extend(budget::refusals(history, run.bucket, &drifts));
     findings.anomalies.extend(budget::budgets(
         history,
         &budget::Budgets {
             bucket: run.bucket,
             voters: run.voters,
-            refills: run.refills,
-            skewed: run.skewed,
+            drifts: &drifts,
+            set_off: run.set_off,
             faults: run.faults,
             downtimes: run.downtimes,
         },
