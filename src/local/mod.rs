@@ -308,12 +308,14 @@ impl Fallback {
     ///
     /// sled recovers a prefix of its writes from a damaged file without a word: a flipped
     /// bit or a cut in `state.sled` loses every later write, queued settles among them (a
-    /// promise, contract §6). A queued commit reaches the fallback journal first (synced
-    /// before the settle is queued, `Node::queue_settle`), and its claim stays there,
-    /// committed, until reconciliation has applied it and forgets it; so a committed
-    /// fallback claim with no commit of its hook in the queue is one the queue lost, or one
-    /// a crash stopped between the two writes or after the fleet applied it (which was not
-    /// answered `QUEUED`, or was applied: applying it again commits the same hook again).
+    /// promise, contract §6). A settle is answered `QUEUED` only once its commit is synced
+    /// in the fallback journal as well as in the queue (`Node::queue_settle`), and the claim
+    /// stays in the journal, committed, until reconciliation has applied it and forgets it;
+    /// so a committed fallback claim with no commit of its hook in the queue is one the
+    /// queue lost, or one a crash stopped before both writes were on disk or after the fleet
+    /// applied it (which was not answered `QUEUED`, or was applied: applying it again
+    /// commits the same hook again). A crash can also leave the queued settle without its
+    /// journal record; it was not answered either, and reconciliation still applies it.
     /// Blocking (sled reads and a flush): at start-up.
     ///
     /// # Errors

@@ -453,16 +453,33 @@ impl Node {
         why: &NodeError,
     ) -> Result<Decided<SettleAnswer>, NodeError> {
         self.fallback.engine.apply(command, Some(&input.key))?;
-        // The claim's new record and the queued settle are both on disk before `QUEUED`.
-        self.fallback.engine.sync().await?;
         let queued = QueuedSettle {
             key: input.key.clone(),
             hook_id: input.hook_id.clone(),
             outcome: input.outcome,
             ttl_ms: input.ttl_ms,
         };
-        if self.planted_bug != Some(PlantedBug::ForgetQueuedSettle) {
-            self.fallback.queue.push(&queued).await?;
+        let push = async {
+            if self.planted_bug == Some(PlantedBug::ForgetQueuedSettle) {
+                return Ok(());
+            }
+            self.fallback.queue.push(&queued).await
+        };
+        // The claim's new record and the queued settle are both on disk before `QUEUED`.
+        // They are different files (the claim journal, sled), so their syncs run side by
+        // side: the answer, already past the fleet's deadline, waits for the slower of the
+        // two rather than for one after the other.
+        let syncing = Instant::now();
+        tokio::try_join!(self.fallback.engine.sync(), push)?;
+        let synced = syncing.elapsed();
+        metrics::histogram!("ankusa_settle_queue_sync_seconds").record(synced.as_secs_f64());
+        let reserve = local_reserve(input.timeout, SETTLE_RESERVE_MAX);
+        if synced > reserve {
+            tracing::warn!(
+                synced_ms = u64::try_from(synced.as_millis()).unwrap_or(u64::MAX),
+                reserve_ms = u64::try_from(reserve.as_millis()).unwrap_or(u64::MAX),
+                "a queued settle's syncs took longer than its local reserve: its answer may be late"
+            );
         }
         metrics::counter!("ankusa_fallback_answers_total", "call" => "settle").increment(1);
         tracing::debug!(key = ?queued.key, "settle queued");
@@ -574,7 +591,7 @@ impl Node {
     /// # Errors
     /// When the fleet could not take it in time.
     pub async fn reset(&self, input: ResetInput) -> Result<(), NodeError> {
-        let deadline = Instant::now() + input.timeout;
+        let deadline = fleet_deadline(input.timeout, RESET_RESERVE_MAX);
         self.fallback.ledger.forget_tenant(&input.tenant);
         let command = Command::Reset {
             tenant: input.tenant,
@@ -654,6 +671,10 @@ impl Node {
 /// fleet's.
 const SETTLE_RESERVE_MAX: std::time::Duration = std::time::Duration::from_millis(25);
 const HIT_RESERVE_MAX: std::time::Duration = std::time::Duration::from_millis(5);
+/// A reset has no local answer, but the `UNAVAILABLE` it ends in when the fleet did not
+/// take it is an answer too: waiting the whole timeout would leave nothing for the timer's
+/// millisecond tick and the reply, so it keeps a hit's reserve.
+const RESET_RESERVE_MAX: std::time::Duration = HIT_RESERVE_MAX;
 
 /// When the fleet's part of a call must be done: its timeout from now, less the reserve
 /// for a local answer (at most `reserve_max`, at most an eighth of the timeout).
@@ -752,6 +773,7 @@ mod tests {
         assert_eq!(local_reserve(ms(1_000), HIT_RESERVE_MAX), ms(5));
         assert_eq!(local_reserve(ms(16), HIT_RESERVE_MAX), ms(2));
         assert_eq!(local_reserve(ms(0), HIT_RESERVE_MAX), ms(0));
+        assert_eq!(local_reserve(ms(300), RESET_RESERVE_MAX), ms(5));
     }
 
     /// Contract §8: one part in each scope says local, naming the node-scoped part, and then

@@ -223,12 +223,49 @@ impl Proposer {
                 Ok(Err(_dropped)) => Err(ProposeRefusal::Fatal {
                     reason: "the batcher stopped".to_owned(),
                 }),
-                Err(_elapsed) => Err(ProposeRefusal::Unavailable {
-                    reason: "deadline".to_owned(),
-                }),
+                Err(_elapsed) => {
+                    woke_at_deadline(deadline);
+                    Err(ProposeRefusal::Unavailable {
+                        reason: "deadline".to_owned(),
+                    })
+                }
             }
         }
     }
+}
+
+/// A deadline's timer fires within the runtime's millisecond tick; a caller woken later
+/// than this was held up by its node (blocking work on the runtime thread, or a host that
+/// gave the thread no CPU), and its answer leaves that much later, past its timeout if the
+/// delay outgrows the local reserve (contract §7).
+const WAKEUP_LATE_WARN: Duration = Duration::from_millis(2);
+/// At most one warning per this long: a held-up runtime wakes every waiting caller late.
+const WAKEUP_LATE_WARN_EVERY: Duration = Duration::from_secs(1);
+
+/// Records how late a caller whose fleet deadline passed was woken
+/// (`ankusa_deadline_wakeup_late_seconds`), and warns when it was late past
+/// [`WAKEUP_LATE_WARN`], so a late answer can be told from a slow fleet in the node's log.
+fn woke_at_deadline(deadline: Instant) {
+    static LAST_WARNED: std::sync::Mutex<Option<Instant>> = std::sync::Mutex::new(None);
+    let now = Instant::now();
+    let late = now.saturating_duration_since(deadline);
+    metrics::histogram!("ankusa_deadline_wakeup_late_seconds").record(late.as_secs_f64());
+    if late <= WAKEUP_LATE_WARN {
+        return;
+    }
+    // Never waits: another caller holding it is warning for this moment already.
+    let Some(mut last) = crate::lock::try_lock(&LAST_WARNED) else {
+        return;
+    };
+    if last.is_some_and(|at| now.saturating_duration_since(at) < WAKEUP_LATE_WARN_EVERY) {
+        return;
+    }
+    *last = Some(now);
+    drop(last);
+    tracing::warn!(
+        late_ms = u64::try_from(late.as_millis()).unwrap_or(u64::MAX),
+        "a caller was woken late at its deadline: this node's runtime thread was held up"
+    );
 }
 
 /// Splits a forwarded batch into the commands to propose (the very bytes the follower
@@ -790,6 +827,43 @@ mod tests {
             deadline: Instant::now(),
             reply: oneshot::channel().0,
         }
+    }
+
+    /// A caller nobody answers is woken at its deadline, within the timer's tick, and
+    /// leaves its command behind as given up (its batch drops it before sending); a full
+    /// queue is answered at once. Either way the local answer starts by the deadline.
+    #[tokio::test(start_paused = true)]
+    async fn a_caller_nobody_answers_is_released_at_its_deadline() {
+        let (queue, mut receiver) = mpsc::channel(1);
+        let proposer = Proposer {
+            queue,
+            ceilings: Ceilings::CONTRACT,
+        };
+        let deadline = Instant::now() + Duration::from_millis(295);
+        let answer = proposer.propose(reset("t"), deadline).await;
+        assert!(
+            matches!(answer, Err(ProposeRefusal::Unavailable { .. })),
+            "{answer:?}"
+        );
+        let woken = Instant::now();
+        assert!(woken >= deadline && woken - deadline <= Duration::from_millis(1));
+        let given_up = receiver.try_recv().expect("the command was queued");
+        assert!(given_up.reply.is_closed());
+
+        let (queue, _receiver) = mpsc::channel(1);
+        let full = Proposer {
+            queue,
+            ceilings: Ceilings::CONTRACT,
+        };
+        let far = Instant::now() + Duration::from_secs(60);
+        let _waiting = full.submit(vec![reset("a")], far, true);
+        let before = Instant::now();
+        let answer = full.propose(reset("b"), far).await;
+        assert!(
+            matches!(answer, Err(ProposeRefusal::Overloaded { .. })),
+            "{answer:?}"
+        );
+        assert_eq!(Instant::now(), before, "a full queue is not waited on");
     }
 
     #[test]
