@@ -72,11 +72,12 @@ enum Cmd {
         #[arg(long, default_value_t = 5)]
         deadline_slack_ms: u64,
         /// Plant a known bug in every node (duplicate_for_pending, forget_queued_settle,
-        /// own_clock, early_follower_ack, one_charge_over), to see the checkers catch it.
+        /// own_clock, early_follower_ack, one_charge_over, unbounded_clock), to see the
+        /// checkers catch it.
         #[arg(long)]
         plant_bug: Option<String>,
         /// The fault kinds to draw from, comma-separated: partition, pause, kill, lost,
-        /// membership, clock (default: all).
+        /// membership, clock, skew (default: all).
         #[arg(long, value_delimiter = ',', value_parser = clap::builder::PossibleValuesParser::new(ankusa_fleet::nemesis::schedule::KINDS))]
         faults: Option<Vec<String>>,
         /// Send the claims in `HitBatch` frames, one stream per node shared by its clients,

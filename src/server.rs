@@ -295,10 +295,13 @@ pub async fn start(config: NodeConfig, listeners: Listeners) -> Result<RunningNo
         &config.data_dir.join(crate::local::NODE_SCOPE_JOURNAL),
         config.node_id,
     )?;
-    let clock = ClockView::new(
-        config.node_id,
-        Duration::from_millis(config.max_clock_offset_ms),
-    );
+    // The planted `unbounded_clock` plays the fleet before its time was bounded: no bound.
+    let max_clock_offset = if faults.planted() == Some(crate::config::PlantedBug::UnboundedClock) {
+        Duration::MAX
+    } else {
+        Duration::from_millis(config.max_clock_offset_ms)
+    };
+    let clock = ClockView::new(config.node_id, max_clock_offset);
     let peers = PeerClients::new(&config.cluster_id, config.node_id, faults.clone())
         .with_tls(peer_tls.as_ref().map(PeerTls::client))
         .with_clock(clock.clone());

@@ -163,6 +163,9 @@ pub enum PlantedBug {
     /// Grant one charge more than a bucket holds: every charge of a hit goes on with its
     /// capacity raised by one increment.
     OneChargeOver,
+    /// Stamp entries with the leader's wall clock as it reads, and never stand down for a
+    /// clock off from the others: the fleet's time before `max_clock_offset_ms` bounded it.
+    UnboundedClock,
 }
 
 /// Defaults for every optional key.
