@@ -21,6 +21,7 @@ for seed in $(seq "$first" "$last"); do
     fi
     faults=$(grep '^faults:' "$report" || true)
     anomalies=$(grep '^anomalies:' "$report" | sed 's/ (.*//' || true)
-    echo "$(date -u +%FT%TZ) exit $status $(tail -n 1 "$report") | $faults | $anomalies"
+    deadlines=$(grep '^deadlines:' "$report" || true)
+    echo "$(date -u +%FT%TZ) exit $status $(tail -n 1 "$report") | $faults | $anomalies | $deadlines"
     if [ "$status" = 0 ]; then rm -f "$report"; fi
 done

@@ -656,6 +656,12 @@ impl Outcomes {
             self.findings.inconclusive_keys.len(),
             self.findings.inconclusive_keys
         );
+        let (tally, latest_us) = &self.findings.lateness;
+        let tally: BTreeMap<&str, u64> = tally.iter().copied().collect();
+        let _ = writeln!(
+            out,
+            "deadlines: {tally:?} (calls that ran to their timeout, from nodes up throughout, by how far past it they returned; the latest {latest_us} µs past)"
+        );
         if let Some((index, replicas)) = self.findings.converged {
             let _ = writeln!(
                 out,

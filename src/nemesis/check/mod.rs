@@ -111,6 +111,47 @@ pub fn deadlines(history: &[Op], downtimes: &[Downtime], slack_us: u64) -> Vec<A
         .collect()
 }
 
+/// How close to its timeout a call must end to count as one that ran to it: past the
+/// largest local reserve (a settle's 25 ms), so every call the fleet did not answer in
+/// time is among them.
+const RAN_TO_TIMEOUT_US: u64 = 30_000;
+/// The bounds (µs past the timeout) of the lateness tally, and its names.
+const LATENESS_BOUNDS: [(u64, &str); 4] = [
+    (0, "in time"),
+    (1_000, "<=1ms"),
+    (2_000, "<=2ms"),
+    (5_000, "<=5ms"),
+];
+
+/// How late the calls that ran to their timeout came, from nodes up throughout: a tally by
+/// how far past the timeout each returned, and the latest (µs past it, if any was late).
+pub fn lateness(history: &[Op], downtimes: &[Downtime]) -> (Vec<(&'static str, u64)>, u64) {
+    let mut tally: Vec<(&'static str, u64)> = LATENESS_BOUNDS
+        .iter()
+        .map(|(_, name)| (*name, 0))
+        .chain(std::iter::once((">5ms", 0)))
+        .collect();
+    let mut latest_us = 0;
+    for op in history {
+        let took_us = op.return_us.saturating_sub(op.invoke_us);
+        let timeout_us = op.timeout_ms * 1_000;
+        let was_down = downtimes.iter().any(|down| {
+            down.node == op.node && down.from_us < op.return_us && down.to_us > op.invoke_us
+        });
+        if was_down || took_us + RAN_TO_TIMEOUT_US < timeout_us {
+            continue;
+        }
+        let late_us = took_us.saturating_sub(timeout_us);
+        latest_us = latest_us.max(late_us);
+        let at = LATENESS_BOUNDS
+            .iter()
+            .position(|(bound, _)| late_us <= *bound)
+            .unwrap_or(LATENESS_BOUNDS.len());
+        tally[at].1 += 1;
+    }
+    (tally, latest_us)
+}
+
 /// What the checkers concluded.
 #[derive(Debug, Default)]
 pub struct Findings {
@@ -125,6 +166,9 @@ pub struct Findings {
     pub checked_in: std::time::Duration,
     /// The log index every replica reached with one state digest, and how many replicas.
     pub converged: Option<(u64, usize)>,
+    /// The calls that ran to their timeout, by how late they came ([`lateness`]), and the
+    /// latest (µs past its timeout).
+    pub lateness: (Vec<(&'static str, u64)>, u64),
 }
 
 /// What the checkers need to know of a run besides its history.
@@ -209,6 +253,7 @@ pub fn all(run: &Run<'_>) -> Findings {
     findings
         .anomalies
         .extend(deadlines(history, run.downtimes, run.slack_us));
+    findings.lateness = lateness(history, run.downtimes);
     findings
         .anomalies
         .extend(budget::refusals(history, run.bucket, &drifts));
