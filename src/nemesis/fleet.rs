@@ -383,16 +383,7 @@ impl Fleet {
     pub fn kill(&mut self, id: u64) {
         if let Some(mut child) = self.nodes.get_mut(&id).and_then(|node| node.child.take()) {
             let _ = child.kill();
-            // Reaping waits for the kernel to tear the process down (milliseconds for a
-            // node with its files mapped): off the runtime's worker, so the clients' tasks
-            // on it record their answers when they come, not after the reap.
-            let mut reap = move || {
-                let _ = child.wait();
-            };
-            match tokio::runtime::Handle::try_current().map(|handle| handle.runtime_flavor()) {
-                Ok(tokio::runtime::RuntimeFlavor::MultiThread) => tokio::task::block_in_place(reap),
-                _ => reap(),
-            }
+            let _ = child.wait();
         }
     }
 
