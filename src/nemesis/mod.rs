@@ -72,6 +72,8 @@ pub struct Outcomes {
     pub frames_sent: Option<(u64, u64, u64)>,
 }
 
+/// How often a node's status is read while its clock is skewed within the bound.
+const SKEW_READ_EVERY: Duration = Duration::from_millis(250);
 /// How long the healed fleet may take to hand over every local decision.
 const RECONCILE_WAIT: Duration = Duration::from_secs(30);
 /// The client id of the final probes.
@@ -550,13 +552,19 @@ async fn inflict(fleet: &mut Fleet, recorder: &Recorder, planned: &Planned) -> A
             };
             applied.clock_offset_ms = offset_ms;
             let _ = fleet.set_faults(id, &[], false, offset_ms).await;
-            tokio::time::sleep(lasts).await;
-            // Within the bound nothing may change: the node must not have stood down.
-            applied.stood_down = fleet
-                .status(id)
-                .await
-                .map(|status| status.degraded_reason)
-                .filter(|reason| reason.contains("clock offset"));
+            // Within the bound nothing may change: the node must never say it stood down
+            // for its clock, read every quarter second while the skew lasts.
+            let ends = tokio::time::Instant::now() + lasts;
+            while applied.stood_down.is_none() && tokio::time::Instant::now() < ends {
+                applied.stood_down = fleet
+                    .status(id)
+                    .await
+                    .map(|status| status.degraded_reason)
+                    .filter(|reason| reason.contains("clock offset"));
+                tokio::time::sleep_until(ends.min(tokio::time::Instant::now() + SKEW_READ_EVERY))
+                    .await;
+            }
+            tokio::time::sleep_until(ends).await;
             let _ = fleet.set_faults(id, &[], false, 0).await;
             vec![id]
         }

@@ -429,6 +429,35 @@ mod tests {
         assert!(refusals(&history, BUCKET, &[]).is_empty());
     }
 
+    /// Two drifts in a row add up: the fleet's time may run ahead by one's offset, then
+    /// stand still for the next one's, so a refusal after both may have lost both.
+    #[test]
+    fn two_drifts_in_a_row_add_their_offsets() {
+        let refused = |id: usize, at_us: u64| Op {
+            outcome: Outcome::Answered(Answer::RateLimited, Decided::Fleet),
+            ..charge(id, at_us, Decided::Fleet)
+        };
+        let mut history: Vec<Op> = (0..10)
+            .map(|i| charge(i, 1_899_000, Decided::Fleet))
+            .collect();
+        history.extend(
+            [2_250_000, 2_350_000, 2_450_000].map(|at_us| charge(20, at_us, Decided::Fleet)),
+        );
+        history.push(refused(30, 2_770_000));
+        let ahead = Drift {
+            from_us: 1_000_000,
+            to_us: 3_250_000,
+            off_us: 250_000,
+        };
+        let behind = Drift {
+            from_us: 2_500_000,
+            to_us: 5_250_000,
+            off_us: 250_000,
+        };
+        assert_eq!(refusals(&history, BUCKET, &[ahead]).len(), 1);
+        assert!(refusals(&history, BUCKET, &[ahead, behind]).is_empty());
+    }
+
     /// Idle time beyond the capacity adds no room: a long quiet spell, then a burst that
     /// fills the bucket, then a refusal, is a bucket doing its job.
     #[test]

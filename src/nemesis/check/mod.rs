@@ -70,15 +70,15 @@ pub fn drifts(set_off: &[SetOff], bound_us: u64) -> Vec<Drift> {
         .collect()
 }
 
-/// The most the fleet's clock may be off real time at some moment from `from_us` to
-/// `to_us`.
+/// How far the drifts overlapping `from_us` to `to_us` may have moved the fleet's clock
+/// off real time over that time: their offsets added up, since the fleet's time may run
+/// ahead in one and stand still in the next.
 pub fn drift_within(drifts: &[Drift], from_us: u64, to_us: u64) -> u64 {
     drifts
         .iter()
         .filter(|drift| drift.from_us <= to_us && drift.to_us >= from_us)
         .map(|drift| drift.off_us)
-        .max()
-        .unwrap_or(0)
+        .sum()
 }
 
 /// What every call may take beyond its `timeout_ms` (contract §7: a few milliseconds of
