@@ -27,6 +27,7 @@ use crate::raft::log_store::LogStore;
 use crate::raft::snapshot::{self, SnapshotBody};
 use crate::raft::state_machine::{members, StateMachineStore};
 use crate::raft::{LogId, NodeId, SnapshotMeta};
+use crate::storage::layout::{RAFT_LOG_FILE, RESTORE_MARKER, STATE_SLED_DIR};
 use crate::storage::sled_disk::SledDisk;
 
 /// The largest snapshot a backup takes, as the largest a node installs from a peer.
@@ -84,10 +85,6 @@ async fn raft_addr_of(api_addr: &str) -> anyhow::Result<String> {
             )
         })
 }
-
-/// The file in a data dir while `restore` writes it; a node does not start while it is
-/// there.
-pub const RESTORE_MARKER: &str = "restore-incomplete";
 
 /// What a snapshot file holds, for the operator to check.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -347,10 +344,10 @@ async fn seed(
     let term = meta
         .last_log_id
         .map_or(0, |log_id: LogId| log_id.leader_id.term);
-    let log_path = dir.join(crate::server::RAFT_LOG_FILE);
+    let log_path = dir.join(RAFT_LOG_FILE);
     let mut log = LogStore::open(&log_path, node_id, Faults::new(false))
         .with_context(|| format!("creating {}", log_path.display()))?;
-    let sled_path = dir.join(crate::server::STATE_SLED_DIR);
+    let sled_path = dir.join(STATE_SLED_DIR);
     let disk = SledDisk::open(&sled_path, RESTORE_SLED_CACHE_BYTES)
         .with_context(|| format!("creating {}", sled_path.display()))?;
     let mut state = StateMachineStore::open(&disk, log.durable(), None)

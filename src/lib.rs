@@ -55,9 +55,6 @@ pub mod storage;
 pub mod telemetry;
 pub mod tls;
 
-#[cfg(test)]
-mod decode_fuzz;
-
 /// Generated protobuf and gRPC code.
 #[allow(clippy::all, missing_docs)]
 pub mod pb {

@@ -35,9 +35,10 @@ use crate::raft::faults::Faults;
 use crate::raft::log_store::LogStore;
 use crate::raft::network::PeerClients;
 use crate::raft::service::PeerService;
-use crate::raft::snapshot::policy::{self, SnapshotPolicy};
+use crate::raft::state_machine::policy::{self, SnapshotPolicy};
 use crate::raft::state_machine::StateMachineStore;
 use crate::raft::{MemberNode, Raft};
+use crate::storage::layout::{NODE_SCOPE_JOURNAL, RAFT_LOG_FILE, RESTORE_MARKER, STATE_SLED_DIR};
 use crate::storage::sled_disk::SledDisk;
 use crate::storage::unless_panic;
 use crate::tls::{ApiTls, PeerTls};
@@ -45,10 +46,6 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::R
 /// sled's page cache (default 1 GiB): it holds the latest snapshot and the node-scope and
 /// fallback claim indexes, all read rarely; the live state is in memory already.
 const SLED_CACHE_BYTES: u64 = 64 * 1024 * 1024;
-/// The Raft log and vote store in a data dir.
-pub const RAFT_LOG_FILE: &str = "raft-log.redb";
-/// The sled store (the snapshot, the settle queue) in a data dir.
-pub const STATE_SLED_DIR: &str = "state.sled";
 /// How long a stopping node waits for its servers' connections to close by themselves.
 const SERVERS_STOP_WAIT: Duration = Duration::from_secs(2);
 /// The exit status of a node whose Raft core stopped (after its drain), for its
@@ -162,7 +159,7 @@ fn raft_config(config: &NodeConfig) -> Result<openraft::Config, openraft::Config
         election_timeout_min: config.election_timeout_ms_min,
         election_timeout_max: config.election_timeout_ms_max,
         install_snapshot_timeout: INSTALL_SNAPSHOT_TIMEOUT_MS,
-        // `raft::snapshot::policy` decides when (entries and log size, not entries alone).
+        // `raft::state_machine::policy` decides when (entries and log size, not entries alone).
         snapshot_policy: openraft::SnapshotPolicy::Never,
         max_in_snapshot_log_to_keep: config.snapshot_logs_kept,
         ..openraft::Config::default()
@@ -268,10 +265,10 @@ pub async fn start(config: NodeConfig, listeners: Listeners) -> Result<RunningNo
             crate::envoy::limits::Limits::default()
         }
     });
-    if config.data_dir.join(crate::backup::RESTORE_MARKER).exists() {
+    if config.data_dir.join(RESTORE_MARKER).exists() {
         return Err(StartError::RestoreIncomplete {
             path: config.data_dir.display().to_string(),
-            marker: crate::backup::RESTORE_MARKER.to_owned(),
+            marker: RESTORE_MARKER.to_owned(),
         });
     }
     open_dir(&config.data_dir)?;
@@ -291,10 +288,7 @@ pub async fn start(config: NodeConfig, listeners: Listeners) -> Result<RunningNo
     let disk = open_sled(&sled_path)?;
     let state = open_state(&sled_path, &disk, &durable, purged, faults.planted())?;
     let snapshot_state = state.clone();
-    let local = LocalEngine::open(
-        &config.data_dir.join(crate::local::NODE_SCOPE_JOURNAL),
-        config.node_id,
-    )?;
+    let local = LocalEngine::open(&config.data_dir.join(NODE_SCOPE_JOURNAL), config.node_id)?;
     // The planted `unbounded_clock` plays the fleet before its time was bounded: no bound.
     let max_clock_offset = if faults.planted() == Some(crate::config::PlantedBug::UnboundedClock) {
         Duration::MAX

@@ -2,7 +2,8 @@
 //! (on `raft_addr`, [`admin`]): convert and validate the request ([`validate`]), call the
 //! [`Node`], convert the answer back.
 //!
-//! The only place that maps errors to gRPC status codes is [`status_of`].
+//! [`status_of`] maps the node's errors (`NodeError`) to gRPC status codes; `admin`,
+//! `raft::service` and `envoy` build the statuses of their own refusals.
 
 use std::pin::Pin;
 use std::sync::Arc;

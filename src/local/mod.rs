@@ -27,11 +27,7 @@ use crate::state::FleetState;
 use crate::state::{
     Answer, Charge, ClaimKey, ClaimRecord, ClaimRequest, Command, HitAnswer, NodeId, StateImage,
 };
-
-/// The journal of node-scope claims, in the data dir.
-pub const NODE_SCOPE_JOURNAL: &str = "node-claims.journal";
-/// The journal of claims taken by the local fallback, until reconciled, in the data dir.
-pub const FALLBACK_JOURNAL: &str = "fallback-claims.journal";
+use crate::storage::layout::FALLBACK_JOURNAL;
 
 /// The local engine failed to read or write its claim index or settle queue.
 #[derive(Debug, thiserror::Error)]

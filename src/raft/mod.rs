@@ -1,7 +1,11 @@
-//! openraft glue only: the type configuration, the durable log store (a segmented WAL plus
-//! redb, really fsynced), the tonic network between peers (one Exchange stream per peer)
-//! and the peer-facing service, and what the peers' frames tell of their wall clocks
-//! (`clock_view`).
+//! openraft glue only: the type configuration; the durable log store ([`log_store`]: a
+//! segmented WAL plus redb, really fsynced) and the rule of when an entry counts as durable
+//! ([`durability`]); the state-machine store that applies entries and builds snapshots
+//! ([`state_machine`]); the snapshot format, its store in sled and its intake
+//! ([`snapshot`]); the tonic network between peers ([`network`], one Exchange stream per
+//! peer) and the peer-facing service ([`service`]); what the peers' frames tell of their
+//! wall clocks ([`clock_view`]); fault injection ([`faults`]) and the Raft gauges
+//! ([`gauges`]).
 //!
 //! Nothing here knows the fleet's rules; it moves entries and snapshots.
 

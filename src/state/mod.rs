@@ -5,7 +5,7 @@
 //!
 //! Nothing under `state/` does IO, reads a clock or imports raft, openraft, tokio, tonic
 //! or sled: openraft's state-machine store is `raft::state_machine`, snapshots are in
-//! `snapshot`. So every rule is testable alone, and every replica that applies the same
+//! `raft::snapshot`. So every rule is testable alone, and every replica that applies the same
 //! entries reaches the same state.
 
 pub mod check;

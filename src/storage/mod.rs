@@ -1,8 +1,9 @@
-//! Disk helpers shared by the stores: the record framing of the append-only files
+//! Disk helpers shared by the stores: the names of a data dir's files ([`layout`]), the record framing of the append-only files
 //! ([`record`], used by the WAL and the claim journals) and the sled handle with a real
 //! fsync ([`sled_disk`]); and [`unless_panic`], which the stores open their libraries'
 //! files through.
 
+pub mod layout;
 pub mod record;
 pub mod sled_disk;
 

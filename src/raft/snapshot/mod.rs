@@ -2,14 +2,14 @@
 //! body) followed by the encoded [`SnapshotBody`]. The checksum is computed when writing
 //! and verified when reading, so a torn or corrupted snapshot is refused, never installed.
 //!
-//! This module turns a state image into bytes and back; when to take a snapshot is
-//! [`policy`], building one off the hot path is `build`, keeping it in sled is [`store`],
-//! receiving one from the leader (checked whole before openraft installs it) is [`intake`].
+//! This module turns a state image into bytes and back; keeping one in sled is [`store`],
+//! receiving one from the leader (checked whole before openraft installs it) is
+//! [`intake`]. When to take one and how one is built are the state machine's
+//! (`raft::state_machine::policy`, `raft::state_machine::build`): they read it, and
+//! nothing here reads them.
 
 pub mod bench;
-mod build;
 pub mod intake;
-pub mod policy;
 pub mod store;
 
 use serde::{Deserialize, Serialize};

@@ -1,11 +1,11 @@
 //! How a snapshot is built: the state frozen under the lock, encoded on a thread of its
-//! own while apply goes on, then stored ([`super::store`]).
+//! own while apply goes on, then stored ([`crate::raft::snapshot::store`]).
 
 use std::io::Cursor;
 
 use openraft::{RaftSnapshotBuilder, StorageIOError};
 
-use crate::raft::state_machine::StateMachineStore;
+use super::StateMachineStore;
 use crate::raft::{Snapshot, SnapshotMeta, StorageError, TypeConfig};
 
 /// Lowers the calling thread to the lowest CPU priority (nice 19). Best effort: a thread
@@ -39,7 +39,7 @@ impl RaftSnapshotBuilder<TypeConfig> for StateMachineStore {
             .name("snapshot-encode".to_owned())
             .spawn(move || {
                 lower_this_threads_priority();
-                let data = super::encode_live(last_applied, &membership, &frozen);
+                let data = crate::raft::snapshot::encode_live(last_applied, &membership, &frozen);
                 drop(frozen);
                 let _ = done.send((last_applied, membership, data));
             });

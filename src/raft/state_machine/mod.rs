@@ -1,9 +1,13 @@
 //! The openraft state machine: applies committed entries to the in-memory [`FleetState`]
 //! and keeps the latest snapshot in sled.
 //!
-//! Applying never reads a clock (the entry carries the leader's time). Snapshots are built
-//! (`raft::snapshot::build`) and kept ([`crate::raft::snapshot::store`]) by the snapshot
-//! module; installing one replaces the state, it never merges into it.
+//! Applying never reads a clock (the entry carries the leader's time). When to take a
+//! snapshot is [`policy`], building one off the hot path is `build` (both next to the state
+//! they read); the format and keeping one in sled are [`crate::raft::snapshot`]'s.
+//! Installing one replaces the state, it never merges into it.
+
+mod build;
+pub mod policy;
 
 use std::io::Cursor;
 use std::sync::{Arc, Mutex, MutexGuard};

@@ -16,11 +16,11 @@ use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use crate::codec;
-use crate::local::settle_queue::QueuedSettle;
-use crate::raft::snapshot::{self, SnapshotBody};
-use crate::raft::{Entry, LogId, NodeId, ProposeRequest, ProposeResponse, TypeConfig};
-use crate::state::{
+use ankusa_fleet::codec;
+use ankusa_fleet::local::settle_queue::QueuedSettle;
+use ankusa_fleet::raft::snapshot::{self, SnapshotBody};
+use ankusa_fleet::raft::{Entry, LogId, NodeId, ProposeRequest, ProposeResponse, TypeConfig};
+use ankusa_fleet::state::{
     BucketKey, Charge, ClaimKey, ClaimRecord, ClaimRequest, ClaimState, Command, EncodedCommand,
     FleetRequest, HookId, Kind, SettleOutcome, SourceId, TenantId,
 };
@@ -84,7 +84,7 @@ fn entry() -> Entry {
         log_id: log_id(7),
         payload: EntryPayload::Normal(FleetRequest {
             now_us: 1_700_000_000_000_000,
-            limits: crate::state::StateLimits::UNLIMITED,
+            limits: ankusa_fleet::state::StateLimits::UNLIMITED,
             commands: Arc::from(EncodedCommand::encode_all(&commands()).expect("encode")),
         }),
     }
@@ -249,7 +249,7 @@ fn peer_answers_never_panic() {
         valid(&vote),
         decodes::<Answer<VoteResponse<NodeId>>>,
     );
-    let proposed: ProposeResponse = Ok(vec![crate::state::Answer::Reset]);
+    let proposed: ProposeResponse = Ok(vec![ankusa_fleet::state::Answer::Reset]);
     never_panics(
         "Propose answer",
         valid(&proposed),

@@ -1,0 +1,14 @@
+//! Every file and folder of a node's data dir, by name. The server opens them, backup and
+//! restore write them, the local stores keep theirs there: each names them from here, so
+//! none of them needs another for a file name.
+
+/// The Raft log and vote store.
+pub const RAFT_LOG_FILE: &str = "raft-log.redb";
+/// The sled store: the snapshot, the settle queue.
+pub const STATE_SLED_DIR: &str = "state.sled";
+/// The journal of node-scope claims.
+pub const NODE_SCOPE_JOURNAL: &str = "node-claims.journal";
+/// The journal of claims the local fallback took, until reconciled.
+pub const FALLBACK_JOURNAL: &str = "fallback-claims.journal";
+/// There while `snapshot restore` writes the data dir; a node does not start while it is.
+pub const RESTORE_MARKER: &str = "restore-incomplete";
