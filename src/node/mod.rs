@@ -416,7 +416,6 @@ impl Node {
     /// # Errors
     /// When the fleet could not take it in time, or the local claim index failed.
     pub async fn settle(&self, input: SettleInput) -> Result<Decided<SettleAnswer>, NodeError> {
-        let answer_by = Instant::now() + input.timeout;
         let deadline = fleet_deadline(input.timeout, SETTLE_RESERVE_MAX);
         let command = Command::Settle {
             key: input.key.clone(),
@@ -439,24 +438,19 @@ impl Node {
             },
         };
         match answer {
-            Err(e) if e.fleet_unavailable() => {
-                self.queue_settle(&input, &command, &e, answer_by).await
-            }
+            Err(e) if e.fleet_unavailable() => self.queue_settle(&input, &command, &e).await,
             other => settle_answer(other?).map(Decided::fleet),
         }
     }
 
     /// A settle the fleet did not take in time: applied to the fallback index (so this node
     /// answers duplicate for its own commit), written to the on-disk queue, answered
-    /// `Queued`; [`reconcile`] retries it until the fleet applies it. If the disk has not
-    /// taken both writes by `answer_by` (the call's timeout), it answers `Unavailable`
-    /// then instead (contract §6): the writes go on, so the settle may still take effect.
+    /// `Queued`; [`reconcile`] retries it until the fleet applies it.
     async fn queue_settle(
         &self,
         input: &SettleInput,
         command: &Command,
         why: &NodeError,
-        answer_by: Instant,
     ) -> Result<Decided<SettleAnswer>, NodeError> {
         self.fallback.engine.apply(command, Some(&input.key))?;
         let queued = QueuedSettle {
@@ -475,27 +469,8 @@ impl Node {
         // They are different files (the claim journal, sled), so their syncs run side by
         // side: the answer, already past the fleet's deadline, waits for the slower of the
         // two rather than for one after the other.
-        // Both are safe to stop waiting for: the queue's record is inserted before its
-        // flush, which runs on a blocking thread to the end, and the journal's sync only
-        // waits for its flusher.
         let syncing = Instant::now();
-        let Ok(written) = tokio::time::timeout_at(answer_by, async {
-            tokio::try_join!(self.fallback.engine.sync(), push)
-        })
-        .await
-        else {
-            metrics::counter!("ankusa_settle_queue_late_total").increment(1);
-            tracing::warn!(
-                "a queued settle was not on disk within its timeout_ms: answered UNAVAILABLE, \
-                 its writes go on"
-            );
-            return Err(NodeError::Unavailable {
-                reason: "the settle was not on this node's disk within timeout_ms either; it \
-                         may still take effect: retry it"
-                    .to_owned(),
-            });
-        };
-        written?;
+        tokio::try_join!(self.fallback.engine.sync(), push)?;
         let synced = syncing.elapsed();
         metrics::histogram!("ankusa_settle_queue_sync_seconds").record(synced.as_secs_f64());
         let reserve = local_reserve(input.timeout, SETTLE_RESERVE_MAX);
