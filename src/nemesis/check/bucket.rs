@@ -42,7 +42,7 @@
 use std::collections::BTreeMap;
 
 use super::budget::Bucket;
-use super::{drift_within, search, Drift};
+use super::{drift_at, search, Drift};
 use crate::nemesis::history::{Answer, Decided, Op, Outcome, Request};
 
 /// The model's time step: stamps are compared to this precision.
@@ -370,7 +370,7 @@ pub fn check(history: &[Op], bucket: Bucket, drifts: &[Drift]) -> Vec<Checked> {
             _ => continue,
         };
         let (calls, charges, resets) = tenants.entry(tenant).or_default();
-        let drift_us = drift_within(drifts, op.invoke_us, op.return_us);
+        let drift_us = drift_at(drifts, op.invoke_us, op.return_us);
         let invoked = grid_down(op.invoke_us);
         let pooled = match (&op.request, &op.outcome, said) {
             (_, _, Some(said)) => {
@@ -741,6 +741,14 @@ mod tests {
         );
         history.push(refused(20, 1_600_600));
         assert!(linearizable(&history));
+        // Sent only after the third charge returned, it cannot have come before it.
+        let mut sent_late = history.clone();
+        sent_late[0] = reset(
+            0,
+            (1_310_000, 1_311_000),
+            Outcome::Unknown("timed out".into()),
+        );
+        assert!(!linearizable(&sent_late));
         // Without the reset, fourteen charges in 364 ms are too many for the bucket.
         history.remove(0);
         assert!(!linearizable(&history));

@@ -70,6 +70,17 @@ pub fn drifts(set_off: &[SetOff], bound_us: u64) -> Vec<Drift> {
         .collect()
 }
 
+/// How far off real time the fleet's clock may be at one moment from `from_us` to `to_us`:
+/// the largest offset of the drifts overlapping that time (a stamp is never further off).
+pub fn drift_at(drifts: &[Drift], from_us: u64, to_us: u64) -> u64 {
+    drifts
+        .iter()
+        .filter(|drift| drift.from_us <= to_us && drift.to_us >= from_us)
+        .map(|drift| drift.off_us)
+        .max()
+        .unwrap_or(0)
+}
+
 /// How far the drifts overlapping `from_us` to `to_us` may have moved the fleet's clock
 /// off real time over that time: their offsets added up, since the fleet's time may run
 /// ahead in one and stand still in the next.
