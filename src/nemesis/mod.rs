@@ -354,6 +354,15 @@ async fn for_a_while(
     let _ = fleet.set_faults(id, &[], false, 0).await;
 }
 
+/// A clock offset of `ms`, ahead or behind.
+fn forward_or_back(forward: bool, ms: i64) -> i64 {
+    if forward {
+        ms
+    } else {
+        -ms
+    }
+}
+
 fn cut_kind(blackhole: bool) -> FaultKind {
     if blackhole {
         FaultKind::Blackhole
@@ -535,21 +544,13 @@ async fn inflict(fleet: &mut Fleet, recorder: &Recorder, planned: &Planned) -> A
             vec![fleet.spare()]
         }
         Fault::Clock { forward, .. } => {
-            let offset_ms = if forward {
-                workload::CLOCK_SKEW_MS
-            } else {
-                -workload::CLOCK_SKEW_MS
-            };
+            let offset_ms = forward_or_back(forward, workload::CLOCK_SKEW_MS);
             applied.clock_offset_ms = offset_ms;
             for_a_while(fleet, id, &[], offset_ms, lasts).await;
             vec![id]
         }
         Fault::Skew { forward, .. } => {
-            let offset_ms = if forward {
-                workload::SMALL_SKEW_MS
-            } else {
-                -workload::SMALL_SKEW_MS
-            };
+            let offset_ms = forward_or_back(forward, workload::SMALL_SKEW_MS);
             applied.clock_offset_ms = offset_ms;
             let _ = fleet.set_faults(id, &[], false, offset_ms).await;
             // Within the bound nothing may change: the node must not stand down for its

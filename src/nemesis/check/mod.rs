@@ -73,10 +73,7 @@ pub fn drifts(set_off: &[SetOff], bound_us: u64) -> Vec<Drift> {
 /// How far off real time the fleet's clock may be at one moment from `from_us` to `to_us`:
 /// the largest offset of the drifts overlapping that time (a stamp is never further off).
 pub fn drift_at(drifts: &[Drift], from_us: u64, to_us: u64) -> u64 {
-    drifts
-        .iter()
-        .filter(|drift| drift.from_us <= to_us && drift.to_us >= from_us)
-        .map(|drift| drift.off_us)
+    offsets_overlapping(drifts, from_us, to_us)
         .max()
         .unwrap_or(0)
 }
@@ -85,11 +82,19 @@ pub fn drift_at(drifts: &[Drift], from_us: u64, to_us: u64) -> u64 {
 /// off real time over that time: their offsets added up, since the fleet's time may run
 /// ahead in one and stand still in the next.
 pub fn drift_within(drifts: &[Drift], from_us: u64, to_us: u64) -> u64 {
+    offsets_overlapping(drifts, from_us, to_us).sum()
+}
+
+/// The offsets of the drifts that overlap `from_us` to `to_us`.
+fn offsets_overlapping(
+    drifts: &[Drift],
+    from_us: u64,
+    to_us: u64,
+) -> impl Iterator<Item = u64> + '_ {
     drifts
         .iter()
-        .filter(|drift| drift.from_us <= to_us && drift.to_us >= from_us)
+        .filter(move |drift| drift.from_us <= to_us && drift.to_us >= from_us)
         .map(|drift| drift.off_us)
-        .sum()
 }
 
 /// What every call may take beyond its `timeout_ms` (contract §7: a few milliseconds of
