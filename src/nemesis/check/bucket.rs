@@ -133,14 +133,8 @@ impl Diagonals {
 }
 
 impl Model {
-    /// An `allowed` from `state`, if a stamp explains it.
-    fn allowed(
-        &self,
-        state: &State,
-        call: &Call,
-        out: &mut Vec<State>,
-        later: &mut Diagonals,
-    ) -> Option<u64> {
+    /// An `allowed` from `state`, where a stamp explains it.
+    fn allowed(&self, state: &State, call: &Call, out: &mut Vec<State>, later: &mut Diagonals) {
         let latest = call.stamp_to;
         // The earliest stamp with room: the bucket must have drained to C − I.
         let at = state
@@ -148,7 +142,7 @@ impl Model {
             .max(call.stamp_from)
             .max((state.tat + self.increment).saturating_sub(self.capacity));
         if at > latest {
-            return None;
+            return;
         }
         out.push(State {
             tat: state.tat.max(at) + self.increment,
@@ -158,7 +152,6 @@ impl Model {
         // A stamp after the bucket emptied leaves it holding one increment, at any clock
         // up to the return.
         later.add(*state, self.increment, state.tat.max(at) + 1, latest);
-        Some(at)
     }
 
     /// An `allowed`, and also one with the next pooled reset just before it. Not only when
@@ -171,7 +164,7 @@ impl Model {
         out: &mut Vec<State>,
         later: &mut Diagonals,
     ) {
-        let _ = self.allowed(state, call, out, later);
+        self.allowed(state, call, out, later);
         let Some(invoked) = self.resets.get(state.resets) else {
             return;
         };
@@ -183,7 +176,7 @@ impl Model {
                 resets: state.resets + 1,
                 ..*state
             };
-            let _ = self.allowed(&emptied, call, out, later);
+            self.allowed(&emptied, call, out, later);
         }
     }
 
@@ -371,14 +364,15 @@ pub fn check(history: &[Op], bucket: Bucket, drifts: &[Drift]) -> Vec<Checked> {
         };
         let (calls, charges, resets) = tenants.entry(tenant).or_default();
         let drift_us = drift_at(drifts, op.invoke_us, op.return_us);
-        let invoked = grid_down(op.invoke_us);
+        // A call applies at a stamp after its invocation, less any drift it met.
+        let stamp_from = grid_down(op.invoke_us.saturating_sub(drift_us));
         let pooled = match (&op.request, &op.outcome, said) {
             (_, _, Some(said)) => {
                 calls.push(Call {
                     op: op.id,
-                    from: invoked,
+                    from: grid_down(op.invoke_us),
                     to: grid_up(op.return_us),
-                    stamp_from: grid_down(op.invoke_us.saturating_sub(drift_us)),
+                    stamp_from,
                     stamp_to: grid_up(op.return_us + drift_us),
                     said,
                 });
@@ -390,10 +384,8 @@ pub fn check(history: &[Op], bucket: Bucket, drifts: &[Drift]) -> Vec<Checked> {
             (Request::Reset { .. }, _, None) => (0, 1),
             _ => (0, 0),
         };
-        // A pooled call applies at a stamp after its invocation, less any drift it met.
-        let stamped_from = grid_down(op.invoke_us.saturating_sub(drift_us));
-        charges.extend(std::iter::repeat_n(stamped_from, pooled.0));
-        resets.extend(std::iter::repeat_n(stamped_from, pooled.1));
+        charges.extend(std::iter::repeat_n(stamp_from, pooled.0));
+        resets.extend(std::iter::repeat_n(stamp_from, pooled.1));
     }
     let mut checked = Vec::new();
     for (tenant, (calls, mut charges, mut resets)) in tenants {

@@ -62,25 +62,18 @@ pub struct Budgets<'a> {
 }
 
 /// The first stretch of `allowed` over its allowance, if any: `capacity` is the bucket's
-/// `C`; `resets` (from, to) are as in the module docs, and each of `refills` (from, to,
-/// time) gave the bucket that much unearned time between `from` and `to`.
+/// `C`; `resets` (from, to) are as in the module docs, and each of `refills` gave the
+/// bucket its offset in unearned time, in its span.
 fn over_allowance(
     allowed: &Allowed,
     increment_us: u64,
     capacity_us: u64,
     resets: &[(u64, u64)],
-    refills: &[(u64, u64, u64)],
+    refills: &[Drift],
 ) -> Option<(u64, u64, Vec<usize>)> {
     let mut by_return = allowed.clone();
     by_return.sort_by_key(|(_, return_us, _)| *return_us);
     let reset_between = |a: u64, b: u64| resets.iter().any(|(from, to)| *from <= b && *to >= a);
-    let refilled = |a: u64, b: u64| -> u64 {
-        refills
-            .iter()
-            .filter(|(from, to, _)| *from <= b && *to >= a)
-            .map(|(_, _, time)| time)
-            .sum()
-    };
     for (a, _, _) in allowed {
         let mut inside = Vec::new();
         for (invoke_us, return_us, op) in &by_return {
@@ -92,7 +85,8 @@ fn over_allowance(
                 break;
             }
             inside.push(*op);
-            let allowance = (capacity_us + refilled(*a, b) + (b - a)) / increment_us + 1;
+            let allowance =
+                (capacity_us + drift_within(refills, *a, b) + (b - a)) / increment_us + 1;
             if inside.len() as u64 > allowance {
                 return Some((*a, b, inside));
             }
@@ -155,22 +149,15 @@ pub fn budgets(history: &[Op], run: &Budgets<'_>) -> Vec<Anomaly> {
             .get(&(tenant.clone(), *decider))
             .cloned()
             .unwrap_or_default();
-        let mut refills: Vec<(u64, u64, u64)> = run
-            .drifts
-            .iter()
-            .map(|drift| (drift.from_us, drift.to_us, drift.off_us))
-            .collect();
+        let mut refills = run.drifts.to_vec();
         let capacity_us = match decider {
             None => run.bucket.capacity_us,
             Some(node) => {
                 refills.extend(run.set_off.iter().filter(|clock| clock.node == *node).map(
-                    |clock| {
-                        let time = clock.offset_us.unsigned_abs().min(share_us);
-                        (
-                            clock.from_us,
-                            clock.to_us + super::SET_RIGHT_MARGIN_US,
-                            time,
-                        )
+                    |clock| Drift {
+                        from_us: clock.from_us,
+                        to_us: clock.to_us + super::SET_RIGHT_MARGIN_US,
+                        off_us: clock.offset_us.unsigned_abs().min(share_us),
                     },
                 ));
                 // A restart empties a node's own buckets too.
