@@ -118,10 +118,17 @@ fn a_ci_sized_nemesis_run_finds_no_anomaly() {
 }
 
 /// A node that answers `duplicate` for a pending claim lets a webhook be dropped: the
-/// nemesis must say so and fail.
+/// nemesis must say so and fail. The bug shows only where claims collide, so each node has
+/// 8 clients: with the default 2 a loaded CI run saw no `pending` answer in 20 s.
 #[test]
 fn a_planted_duplicate_for_a_pending_claim_is_reported() {
-    let run = nemesis("11", "20", None, Some("duplicate_for_pending"));
+    let run = nemesis_with(
+        "11",
+        "20",
+        None,
+        Some("duplicate_for_pending"),
+        &["--clients", "8"],
+    );
     assert!(!run.success, "{}", run.report);
     assert!(run.counts.2 > 0, "{}", run.report);
     assert!(

@@ -126,6 +126,7 @@ pub async fn run(plan: &Plan) -> anyhow::Result<Outcomes> {
                 node,
                 api_addr: fleet.api_addr(node).to_owned(),
                 seed: plan.seed,
+                clients_per_node: plan.clients_per_node as u64,
                 frames: frames.clone(),
             };
             clients.push(tokio::spawn(client.run(recorder.clone(), stopped.clone())));
@@ -177,6 +178,7 @@ pub async fn run(plan: &Plan) -> anyhow::Result<Outcomes> {
             node: leader,
             api_addr: fleet.api_addr(leader).to_owned(),
             seed: plan.seed,
+            clients_per_node: plan.clients_per_node as u64,
             frames: None,
         };
         prober.probe(&recorder, &keys).await;

@@ -45,11 +45,14 @@ const _: () = assert!(
 );
 /// How long a set of keys is fresh.
 pub const KEY_WINDOW_MS: u64 = 2_000;
-/// Keys fresh at once, shared by every node.
-const KEYS_PER_WINDOW: u64 = 4;
-/// The share of claims on a node's own keys, and how many of those are fresh at once.
+/// Keys fresh at once, shared by every node, for each client a node has: as many clients
+/// per key with `--clients 8` as with the default 2, so the claim search's cost per key
+/// (exponential in the calls that overlap on it) does not grow with the clients.
+const KEYS_PER_WINDOW_PER_CLIENT: u64 = 2;
+/// The share of claims on a node's own keys, and how many of those are fresh at once, for
+/// each client a node has.
 const PRIVATE_KEYS: f64 = 0.3;
-const PRIVATE_KEYS_PER_WINDOW: u64 = 2;
+const PRIVATE_KEYS_PER_WINDOW_PER_CLIENT: u64 = 1;
 /// Every call's deadline.
 pub const CALL_TIMEOUT_MS: u64 = 300;
 /// The hook of the final probes.
@@ -63,6 +66,8 @@ pub struct Client {
     pub node: u64,
     pub api_addr: String,
     pub seed: u64,
+    /// How many clients each node has (the keys fresh at once scale with it).
+    pub clients_per_node: u64,
     /// The node's `HitBatch` stream its claims travel on (`--frames`); `None`: a unary
     /// `Hit` each.
     pub frames: Option<super::frames::Frames>,
@@ -127,10 +132,12 @@ impl Client {
                 // this node's own: a commit it queued while cut off meets no other hook's
                 // commit there, so if the queued settle were lost, the final probe shows it.
                 let key = if rng.gen_bool(PRIVATE_KEYS) {
-                    let k = rng.gen_range(0..PRIVATE_KEYS_PER_WINDOW);
+                    let k = rng
+                        .gen_range(0..PRIVATE_KEYS_PER_WINDOW_PER_CLIENT * self.clients_per_node);
                     format!("n{}-w{window}-k{k}", self.node)
                 } else {
-                    format!("w{window}-k{}", rng.gen_range(0..KEYS_PER_WINDOW))
+                    let k = rng.gen_range(0..KEYS_PER_WINDOW_PER_CLIENT * self.clients_per_node);
+                    format!("w{window}-k{k}")
                 };
                 let hook = format!("c{}-{seq}", self.id);
                 let answer = self.claim(&mut client, &recorder, &key, &hook).await;

@@ -23,16 +23,18 @@ pub(super) enum Found {
     Inconclusive,
 }
 
-/// A set of states and the calls done so far, as the search remembers them: the calls as
-/// a bit set, the states by a 128-bit fingerprint (SipHash with two salts), so a big
-/// set costs 16 bytes. Two different sets sharing a fingerprint would make the search skip
-/// one of them; at 2^-128 a pair, over a few million steps, that does not happen.
-type Seen = (Vec<u64>, u64, u64);
+/// The calls done so far and a set of states after them, as the search remembers them:
+/// a 128-bit fingerprint of both (SipHash with two salts), so remembering costs 16 bytes
+/// and no copy of the calls' bit set. Two different pairs sharing a fingerprint would make
+/// the search skip one of them; at 2^-128 a pair, over a few million steps, that does not
+/// happen.
+type Seen = (u64, u64);
 
-fn fingerprint<S: Hash>(states: &S) -> (u64, u64) {
+fn fingerprint<S: Hash>(done: &[u64], states: &S) -> Seen {
     let hash = |salt: u8| {
         let mut hasher = DefaultHasher::new();
         salt.hash(&mut hasher);
+        done.hash(&mut hasher);
         states.hash(&mut hasher);
         hasher.finish()
     };
@@ -113,8 +115,7 @@ pub(super) fn search<C, S: Clone + Hash>(
         let call = events[entry].2;
         if let Some(after) = apply(&states, &calls[call]) {
             done[call / 64] |= 1 << (call % 64);
-            let (a, b) = fingerprint(&after);
-            if seen.insert((done.clone(), a, b)) {
+            if seen.insert(fingerprint(&done, &after)) {
                 stack.push((entry, std::mem::replace(&mut states, after)));
                 unlink(&mut next, &mut prev, entry);
                 unlink(&mut next, &mut prev, return_of[call]);
