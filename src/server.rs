@@ -888,6 +888,10 @@ impl RunningNode {
         }
         // The settle queue syncs each settle before it is answered; this also makes the
         // removals of applied ones durable, so a restart does not hand them over again.
+        if let Err(e) = self.node.fallback().queue.sync().await {
+            tracing::error!(error = %e, "settle queue sync at shutdown");
+        }
+        // sled's last writes (the snapshot is already durable: `SledDisk::flush_to_disk`).
         let disk = self.disk.clone();
         match tokio::task::spawn_blocking(move || disk.flush_to_disk()).await {
             Ok(Ok(_)) => {}

@@ -22,8 +22,10 @@ const TENANT: &str = "acme";
 const WAL_TORN: &str = "log ends in a torn append or an unfinished truncation; zeroing it";
 /// The log line of a claim journal that dropped a torn last append.
 const JOURNAL_TORN: &str = "claim journal: dropped a torn last append";
+/// The log line of a settle queue that dropped a torn last append.
+const QUEUE_TORN: &str = "settle queue: dropped a torn last append";
 /// The log line of a settle queue that lost a commit the fallback journal holds.
-const REQUEUED: &str = "settle queue (state.sled) lost a queued commit";
+const REQUEUED: &str = "settle queue lost a queued commit";
 /// Fallback calls wait this long for the fleet before answering locally.
 const FALLBACK_TIMEOUT_MS: u32 = 300;
 
@@ -419,7 +421,7 @@ async fn a_damaged_node_claim_journal_drops_only_a_torn_append_and_refuses_a_fli
     fleet.stop(1).await;
 }
 
-// ---- the fallback: its claim journal and the settle queue (state.sled) ----
+// ---- the fallback: its claim journal and the settle queue ----
 
 /// A three-node fleet whose node 1, cut off (nodes 2 and 3 stopped), claimed and queued
 /// commits locally; every node stopped cleanly, their data dirs kept.
@@ -526,36 +528,39 @@ impl CutOff {
     }
 }
 
-/// sled recovers a prefix of its writes from a damaged `state.sled`: queued commits may
-/// be gone. Each one is still in the fallback journal, which queues it again: after
-/// reconciliation every queued commit is a duplicate in the fleet.
+/// The settle queue's journal like the claim journals: a torn last append is dropped, and
+/// the commit it held is queued again from the fallback journal, as is every commit of a
+/// queue emptied; a flipped bit refuses. After reconciliation every queued commit is a
+/// duplicate in the fleet.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_damaged_settle_queue_refuses_or_loses_no_queued_commit() {
     let mut cut = cut_off().await;
-    let db = Path::new("state.sled/db");
-    let bytes = pristine_bytes(&cut.pristine[0], db);
-    let len = bytes.len();
-    let mut damages = vec![
-        // sled starts an emptied file afresh: every queued settle is gone.
-        Damage::cut("state.sled/db emptied", db, 0, Expect::Recover(REQUEUED)),
-        Damage::cut("state.sled/db in half", db, len / 2, Expect::Either),
-        Damage::cut("state.sled/db near its end", db, len - 16, Expect::Either),
-        Damage::flip("state.sled/db in its middle", db, len / 2, Expect::Either),
+    let queue = Path::new("settle-queue.journal");
+    let bytes = pristine_bytes(&cut.pristine[0], queue);
+    let found = records(&bytes);
+    assert_eq!(found.len(), cut.queued.len(), "a record per queued settle");
+    let (last_start, end) = *found.last().expect("records");
+    let (middle_start, middle_end) = found[found.len() / 2];
+    let torn = Expect::Recover(QUEUE_TORN);
+    let damages = vec![
+        Damage::cut("settle queue emptied", queue, 0, Expect::Recover(REQUEUED)),
+        Damage::cut("inside the last queued settle", queue, end - 2, torn),
+        Damage::new("zeros after the queued settles", queue, torn, |b| {
+            b.extend_from_slice(&[0; 4096])
+        }),
+        Damage::flip(
+            "a queued settle in the middle",
+            queue,
+            (middle_start + middle_end) / 2,
+            Expect::Refuse,
+        ),
+        Damage::flip(
+            "the last queued settle",
+            queue,
+            last_start + 12,
+            Expect::Refuse,
+        ),
     ];
-    // Inside a queued settle: its key's bytes.
-    let first_queued = find_all(&bytes, cut.queued[0].as_bytes());
-    let last_queued = find_all(&bytes, cut.queued[cut.queued.len() - 1].as_bytes());
-    for at in [first_queued.last(), last_queued.last()]
-        .into_iter()
-        .flatten()
-    {
-        damages.push(Damage::flip(
-            "inside a queued settle",
-            db,
-            at + 2,
-            Expect::Either,
-        ));
-    }
     let local = cut.queued.clone();
     cut.run(damages, &local).await;
 }

@@ -1,7 +1,7 @@
-//! The local engine's claim index on disk: an append-only journal of claim records.
+//! An append-only journal of keyed records: the local engine's claim index on disk
+//! ([`Claims`]), and the settle queue ([`crate::local::settle_queue`]).
 //!
-//! Every change of a claim appends one record `(key, record or none)`; the last record of a
-//! key wins. Appending only copies bytes into a buffer under a mutex: a flusher thread writes
+//! Every change appends one record `(key, value or none)`; the last record of a key wins. Appending only copies bytes into a buffer under a mutex: a flusher thread writes
 //! what gathered and `fdatasync`s it, so records that arrive during one sync share the next
 //! (group commit). A caller that must not answer before its record is on disk awaits
 //! [`Journal::sync`] (settles do); one that may answer first does not (hits: a crash can lose
@@ -17,18 +17,23 @@
 //! atomically (write, fsync, rename, fsync the directory).
 //!
 //! Records are framed by [`crate::storage::record`]; a body is the bincode of
-//! `(ClaimKey, Option<ClaimRecord>)`.
+//! `(Key, Option<Value>)` of its [`Entry`]: `(ClaimKey, Option<ClaimRecord>)` for claims.
 //!
 //! A file of our own, not a sled tree: sled's per-insert work is costly on the hot path and
 //! its flush does not reach the disk (docs/decisions/014).
 
 use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
+use std::hash::Hash;
 use std::io::{BufReader, Write};
+use std::marker::PhantomData;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
+
+use serde::de::DeserializeOwned;
+use serde::Serialize;
 
 use crate::codec;
 use crate::lock::lock;
@@ -43,27 +48,61 @@ const RECORD_BYTES_MAX: usize = 1024 * 1024;
 /// back-to-back syncs (docs/decisions/014); a settle waits at most this much longer.
 const FLUSH_INTERVAL: Duration = Duration::from_millis(1);
 
+/// What one journal keeps: its records' key and value, and its name in errors and logs.
+pub trait Entry {
+    type Key: Hash + Eq + Serialize + DeserializeOwned;
+    type Value: Serialize + DeserializeOwned;
+    /// Names the journal in errors and logs ("claim journal").
+    const NAME: &'static str;
+    /// Names its flusher thread.
+    const THREAD: &'static str;
+    /// Whether a value replayed on open still counts at `now_us`.
+    fn live(value: &Self::Value, now_us: u64) -> bool;
+}
+
+/// The claim index: a claim's current record by its key; expired claims are dropped on
+/// open.
+pub struct Claims;
+
+impl Entry for Claims {
+    type Key = ClaimKey;
+    type Value = ClaimRecord;
+    const NAME: &'static str = "claim journal";
+    const THREAD: &'static str = "claim-journal";
+
+    fn live(record: &ClaimRecord, now_us: u64) -> bool {
+        record.expires_at_us > now_us
+    }
+}
+
 /// The journal could not be read or written.
 #[derive(Debug, thiserror::Error)]
 pub enum JournalError {
-    #[error("claim journal {path}: {source}")]
+    #[error("{name} {path}: {source}")]
     Io {
+        name: &'static str,
         path: PathBuf,
         source: std::io::Error,
     },
-    #[error("claim journal record: {0}")]
+    #[error("journal record: {0}")]
     Codec(#[from] codec::CodecError),
-    #[error("claim journal record: {0}")]
+    #[error("journal record: {0}")]
     TooLarge(#[from] record::TooLarge),
-    #[error("claim journal {path} stopped after a write failed: {reason}")]
-    Failed { path: PathBuf, reason: String },
+    #[error("{name} {path} stopped after a write failed: {reason}")]
+    Failed {
+        name: &'static str,
+        path: PathBuf,
+        reason: String,
+    },
     /// Damage no crash leaves (a flipped bit, data after a damaged record): the records
-    /// after it may be claims already answered for, so the journal is not cut there.
+    /// after it may be claims or settles already answered for, so the journal is not cut
+    /// there.
     #[error(
-        "claim journal {path} is damaged at byte {offset} ({reason}), and not as a crash \
+        "{name} {path} is damaged at byte {offset} ({reason}), and not as a crash \
          leaves a last append; refusing to drop what follows"
     )]
     Damaged {
+        name: &'static str,
         path: PathBuf,
         offset: u64,
         reason: String,
@@ -104,6 +143,7 @@ struct Flushed {
 }
 
 struct Shared {
+    name: &'static str,
     path: PathBuf,
     pending: Mutex<Pending>,
     wake: Condvar,
@@ -113,6 +153,7 @@ struct Shared {
 impl Shared {
     fn failed(&self, reason: String) -> JournalError {
         JournalError::Failed {
+            name: self.name,
             path: self.path.clone(),
             reason,
         }
@@ -124,41 +165,45 @@ impl Shared {
     }
 }
 
-/// An open claim journal and its flusher thread.
-pub struct Journal {
+/// An open journal and its flusher thread.
+pub struct Journal<E: Entry> {
     shared: Arc<Shared>,
     flusher: Option<JoinHandle<()>>,
+    entry: PhantomData<E>,
 }
 
-impl Journal {
+/// The claim index's journal.
+pub type ClaimJournal = Journal<Claims>;
+
+impl<E: Entry> Journal<E> {
     /// Opens (or creates) the journal at `path`, replays it and compacts it; returns the
-    /// journal and the claims live at `now_us`.
+    /// journal and the records live at `now_us`.
     ///
     /// # Errors
     /// When the file cannot be read, written or synced.
-    pub fn open(
-        path: &Path,
-        now_us: u64,
-    ) -> Result<(Self, Vec<(ClaimKey, ClaimRecord)>), JournalError> {
+    #[allow(clippy::type_complexity)]
+    pub fn open(path: &Path, now_us: u64) -> Result<(Self, Vec<(E::Key, E::Value)>), JournalError> {
         let io = |source| JournalError::Io {
+            name: E::NAME,
             path: path.to_owned(),
             source,
         };
-        let Replayed { claims, damaged } = replay(path, now_us)?;
+        let Replayed { live, damaged } = replay::<E>(path, now_us)?;
         if damaged {
             // Keep the evidence: the rewrite below drops what followed the damage.
             let aside = path.with_extension(format!("damaged-{now_us}"));
             std::fs::copy(path, &aside).map_err(io)?;
-            tracing::warn!(path = %path.display(), kept = %aside.display(), "claim journal: the damaged file is kept aside");
+            tracing::warn!(path = %path.display(), kept = %aside.display(), "{}: the damaged file is kept aside", E::NAME);
         }
-        let live = encode_all(claims.iter().map(|(key, record)| (key, Some(record))))?;
-        replace_file(path, &live).map_err(io)?;
+        let bytes = encode_all::<E>(live.iter().map(|(key, value)| (key, Some(value))))?;
+        replace_file(path, &bytes).map_err(io)?;
         let file = OpenOptions::new().append(true).open(path).map_err(io)?;
         let shared = Arc::new(Shared {
+            name: E::NAME,
             path: path.to_owned(),
             pending: Mutex::new(Pending {
-                journal_bytes: live.len() as u64,
-                compacted_bytes: live.len() as u64,
+                journal_bytes: bytes.len() as u64,
+                compacted_bytes: bytes.len() as u64,
                 ..Pending::default()
             }),
             wake: Condvar::new(),
@@ -167,7 +212,7 @@ impl Journal {
         let flusher = {
             let shared = shared.clone();
             std::thread::Builder::new()
-                .name("claim-journal".to_owned())
+                .name(E::THREAD.to_owned())
                 .spawn(move || flush_loop(&shared, file))
                 .map_err(io)?
         };
@@ -175,28 +220,25 @@ impl Journal {
             Self {
                 shared,
                 flusher: Some(flusher),
+                entry: PhantomData,
             },
-            claims,
+            live,
         ))
     }
 
-    /// Appends the claim's current record (`None`: it is gone). Returns true when the
+    /// Appends the key's current value (`None`: it is gone). Returns true when the
     /// journal grew to over twice its last compacted size (and past a floor): time to hand
     /// [`Journal::compact`] the live set. (Decided under the same lock: no second one per hit.)
     ///
     /// # Errors
     /// When an earlier write failed (the disk is not taking records).
-    pub fn append(
-        &self,
-        key: &ClaimKey,
-        record: Option<&ClaimRecord>,
-    ) -> Result<bool, JournalError> {
+    pub fn append(&self, key: &E::Key, value: Option<&E::Value>) -> Result<bool, JournalError> {
         let mut pending = self.shared.lock();
         if let Some(reason) = &pending.failed {
             return Err(self.shared.failed(reason.clone()));
         }
         let before = pending.bytes.len();
-        encode_record(&mut pending.bytes, key, record)?;
+        encode_record::<E>(&mut pending.bytes, key, value)?;
         pending.journal_bytes += (pending.bytes.len() - before) as u64;
         pending.appended += 1;
         let wants_compaction = pending.compaction.is_none()
@@ -210,7 +252,7 @@ impl Journal {
         Ok(wants_compaction)
     }
 
-    /// Replaces the journal with `live`, the current record of every live claim. Call it
+    /// Replaces the journal with `live`, the current value of every live key. Call it
     /// while holding whatever orders the appends (the engine's state lock): records
     /// appended before are covered by `live`, records appended after follow it.
     ///
@@ -218,9 +260,13 @@ impl Journal {
     /// When a record does not encode.
     pub fn compact<'a>(
         &self,
-        live: impl Iterator<Item = (&'a ClaimKey, &'a ClaimRecord)>,
-    ) -> Result<(), JournalError> {
-        let live = encode_all(live.map(|(key, record)| (key, Some(record))))?;
+        live: impl Iterator<Item = (&'a E::Key, &'a E::Value)>,
+    ) -> Result<(), JournalError>
+    where
+        E::Key: 'a,
+        E::Value: 'a,
+    {
+        let live = encode_all::<E>(live.map(|(key, value)| (key, Some(value))))?;
         let mut pending = self.shared.lock();
         let mut superseded = match pending.compaction.take() {
             Some(earlier) => earlier.superseded,
@@ -259,7 +305,7 @@ impl Journal {
     }
 }
 
-impl Drop for Journal {
+impl<E: Entry> Drop for Journal<E> {
     fn drop(&mut self) {
         self.shared.lock().stop = true;
         self.shared.wake.notify_one();
@@ -295,10 +341,10 @@ fn flush_loop(shared: &Shared, mut file: File) {
             )
         };
         let (compaction, bytes, upto) = taken;
-        let written = write_out(&shared.path, &mut file, compaction, &bytes);
+        let written = write_out(shared.name, &shared.path, &mut file, compaction, &bytes);
         let failed = written.is_err();
         if let Err(e) = written {
-            tracing::error!(path = %shared.path.display(), error = %e, "claim journal write failed; it takes no more records");
+            tracing::error!(path = %shared.path.display(), error = %e, "{} write failed; it takes no more records", shared.name);
             let mut pending = shared.lock();
             pending.failed = Some(e.to_string());
             pending.bytes.clear();
@@ -323,6 +369,7 @@ impl Drop for FailOnPanic<'_> {
 }
 
 fn write_out(
+    name: &str,
     path: &Path,
     file: &mut File,
     compaction: Option<Compaction>,
@@ -333,11 +380,11 @@ fn write_out(
         match put_in_place(path, &live) {
             Ok(()) => {
                 *file = OpenOptions::new().append(true).open(path)?;
-                tracing::info!(path = %path.display(), live_bytes = live.len(), "claim journal compacted");
+                tracing::info!(path = %path.display(), live_bytes = live.len(), "{name} compacted");
             }
             Err(Placed::No(e)) => {
                 // The old file is still the journal: it gets what the live set covered.
-                tracing::warn!(path = %path.display(), error = %e, "claim journal compaction failed; the journal keeps growing");
+                tracing::warn!(path = %path.display(), error = %e, "{name} compaction failed; the journal keeps growing");
                 file.write_all(&superseded)?;
                 unsynced = true;
             }
@@ -383,42 +430,47 @@ fn put_in_place(path: &Path, bytes: &[u8]) -> Result<(), Placed> {
     crate::storage::sync_dir(crate::storage::parent_dir(path)).map_err(Placed::NameNotSynced)
 }
 
-fn encode_record(
+fn encode_record<E: Entry>(
     out: &mut Vec<u8>,
-    key: &ClaimKey,
-    record: Option<&ClaimRecord>,
+    key: &E::Key,
+    value: Option<&E::Value>,
 ) -> Result<(), JournalError> {
-    let body = codec::encode(&(key, record))?;
+    let body = codec::encode(&(key, value))?;
     record::push(out, &[&body])?;
     Ok(())
 }
 
-fn encode_all<'a>(
-    records: impl Iterator<Item = (&'a ClaimKey, Option<&'a ClaimRecord>)>,
-) -> Result<Vec<u8>, JournalError> {
+fn encode_all<'a, E: Entry>(
+    records: impl Iterator<Item = (&'a E::Key, Option<&'a E::Value>)>,
+) -> Result<Vec<u8>, JournalError>
+where
+    E::Key: 'a,
+    E::Value: 'a,
+{
     let mut out = Vec::new();
-    for (key, record) in records {
-        encode_record(&mut out, key, record)?;
+    for (key, value) in records {
+        encode_record::<E>(&mut out, key, value)?;
     }
     Ok(out)
 }
 
 /// What a replay found.
-struct Replayed {
-    claims: Vec<(ClaimKey, ClaimRecord)>,
+struct Replayed<E: Entry> {
+    live: Vec<(E::Key, E::Value)>,
     /// A torn last append ended the replay before the end of the file.
     damaged: bool,
 }
 
 /// Reads every whole, intact record of `path` (a missing file is empty); the last record
-/// of a key wins; claims expired at `now_us` are left out. A torn last append (the file
+/// of a key wins; values not [`Entry::live`] at `now_us` are left out. A torn last append (the file
 /// ends inside the record, or zeros follow from a sector boundary in it: what a crash
 /// leaves of a write that was never synced, so never answered for) ends the replay: it is
 /// reported and dropped. Any other damage fails the replay (`JournalError::Damaged`), as
 /// does an I/O error: dropping the rest would delete good records, committed claims among
 /// them.
-fn replay(path: &Path, now_us: u64) -> Result<Replayed, JournalError> {
+fn replay<E: Entry>(path: &Path, now_us: u64) -> Result<Replayed<E>, JournalError> {
     let io = |source| JournalError::Io {
+        name: E::NAME,
         path: path.to_owned(),
         source,
     };
@@ -426,7 +478,7 @@ fn replay(path: &Path, now_us: u64) -> Result<Replayed, JournalError> {
         Ok(file) => file,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             return Ok(Replayed {
-                claims: Vec::new(),
+                live: Vec::new(),
                 damaged: false,
             })
         }
@@ -434,23 +486,24 @@ fn replay(path: &Path, now_us: u64) -> Result<Replayed, JournalError> {
     };
     let mut records =
         record::Records::new(BufReader::with_capacity(1 << 20, file), RECORD_BYTES_MAX);
-    let mut claims: HashMap<ClaimKey, ClaimRecord> = HashMap::new();
+    let mut live: HashMap<E::Key, E::Value> = HashMap::new();
     let mut damaged = false;
     loop {
         let offset = records.offset();
         let reason = match records.next_body().map_err(io)? {
-            Ok(body) => match codec::decode::<(ClaimKey, Option<ClaimRecord>)>(body) {
-                Ok((key, Some(record))) => {
-                    claims.insert(key, record);
+            Ok(body) => match codec::decode::<(E::Key, Option<E::Value>)>(body) {
+                Ok((key, Some(value))) => {
+                    live.insert(key, value);
                     continue;
                 }
                 Ok((key, None)) => {
-                    claims.remove(&key);
+                    live.remove(&key);
                     continue;
                 }
                 // Its checksum holds: written like this, no crash made it.
                 Err(e) => {
                     return Err(JournalError::Damaged {
+                        name: E::NAME,
                         path: path.to_owned(),
                         offset,
                         reason: format!("a record that checks does not decode: {e}"),
@@ -466,19 +519,20 @@ fn replay(path: &Path, now_us: u64) -> Result<Replayed, JournalError> {
         let tail = read_from(path, offset).map_err(io)?;
         if !record::is_torn_append(&tail, offset, RECORD_BYTES_MAX) {
             return Err(JournalError::Damaged {
+                name: E::NAME,
                 path: path.to_owned(),
                 offset,
                 reason,
             });
         }
-        tracing::warn!(path = %path.display(), offset, reason, "claim journal: dropped a torn last append");
+        tracing::warn!(path = %path.display(), offset, reason, "{}: dropped a torn last append", E::NAME);
         damaged = true;
         break;
     }
     Ok(Replayed {
-        claims: claims
+        live: live
             .into_iter()
-            .filter(|(_, record)| record.expires_at_us > now_us)
+            .filter(|(_, value)| E::live(value, now_us))
             .collect(),
         damaged,
     })

@@ -27,24 +27,24 @@ use crate::state::FleetState;
 use crate::state::{
     Answer, Charge, ClaimKey, ClaimRecord, ClaimRequest, Command, HitAnswer, NodeId, StateImage,
 };
-use crate::storage::layout::FALLBACK_JOURNAL;
+use crate::storage::layout::{FALLBACK_JOURNAL, SETTLE_QUEUE_JOURNAL};
 
 /// The local engine failed to read or write its claim index or settle queue.
 #[derive(Debug, thiserror::Error)]
 pub enum LocalError {
-    #[error("claim index: {0}")]
+    /// The claim journals' and the settle queue's: they name their file.
+    #[error(transparent)]
     Journal(#[from] journal::JournalError),
-    #[error("settle queue (sled tree `settle_queue` in the data dir's state.sled): {0}")]
+    /// Moving the settle queue a node of the previous version left in `state.sled`.
+    #[error("settle queue of the previous version (sled tree `settle_queue` in the data dir's state.sled): {0}")]
     Sled(#[from] sled::Error),
     #[error(
-        "settle queue (sled tree `settle_queue` in the data dir's state.sled): sled panicked: {0}"
+        "settle queue of the previous version (sled tree `settle_queue` in the data dir's state.sled): sled panicked: {0}"
     )]
     QueuePanicked(String),
-    #[error("settle queue, syncing to the disk: {0}")]
+    #[error("settle queue of the previous version, syncing state.sled after moving it: {0}")]
     Sync(#[from] std::io::Error),
-    #[error("settle queue record: {0}")]
-    Codec(#[from] codec::CodecError),
-    #[error("settle queue (sled tree `settle_queue` in the data dir's state.sled), record {seq}: {source}")]
+    #[error("settle queue of the previous version (sled tree `settle_queue` in the data dir's state.sled), record {seq}: {source}")]
     Record { seq: u64, source: codec::CodecError },
 }
 
@@ -52,7 +52,7 @@ pub enum LocalError {
 pub struct LocalEngine {
     node_id: NodeId,
     state: Mutex<FleetState>,
-    journal: journal::Journal,
+    journal: journal::ClaimJournal,
 }
 
 impl LocalEngine {
@@ -62,7 +62,7 @@ impl LocalEngine {
     /// When the journal cannot be read or rewritten.
     pub fn open(path: &Path, node_id: NodeId) -> Result<Self, LocalError> {
         let now_us = wall_clock_us();
-        let (journal, claims) = journal::Journal::open(path, now_us)?;
+        let (journal, claims) = journal::ClaimJournal::open(path, now_us)?;
         let image = StateImage {
             clock_us: now_us,
             claims,
@@ -279,7 +279,8 @@ pub struct Fallback {
 }
 
 impl Fallback {
-    /// Opens the fallback's claim journal in `data_dir` and its settle queue in `disk`.
+    /// Opens the fallback's claim journal and its settle queue in `data_dir` (moving a
+    /// settle queue of the previous version out of `disk`).
     ///
     /// # Errors
     /// When the journal or sled fails, or a stored record does not decode.
@@ -291,7 +292,7 @@ impl Fallback {
     ) -> Result<Self, LocalError> {
         let fallback = Self {
             engine: LocalEngine::open(&data_dir.join(FALLBACK_JOURNAL), node_id)?,
-            queue: settle_queue::SettleQueue::open(disk)?,
+            queue: settle_queue::SettleQueue::open(&data_dir.join(SETTLE_QUEUE_JOURNAL), disk)?,
             ledger: ChargeLedger::default(),
             budget,
         };
@@ -302,9 +303,9 @@ impl Fallback {
     /// Queues again every commit the fallback journal holds that the settle queue lost;
     /// returns how many.
     ///
-    /// sled recovers a prefix of its writes from a damaged file without a word: a flipped
-    /// bit or a cut in `state.sled` loses every later write, queued settles among them (a
-    /// promise, contract §6). A settle is answered `QUEUED` only once its commit is synced
+    /// A settle queue that lost records (a torn last append dropped; before its journal,
+    /// sled recovering a prefix of `state.sled` without a word) would break a promise
+    /// (contract §6). A settle is answered `QUEUED` only once its commit is synced
     /// in the fallback journal as well as in the queue (`Node::queue_settle`), and the claim
     /// stays in the journal, committed, until reconciliation has applied it and forgets it;
     /// so a committed fallback claim with no commit of its hook in the queue is one the
@@ -312,14 +313,14 @@ impl Fallback {
     /// applied it (which was not answered `QUEUED`, or was applied: applying it again
     /// commits the same hook again). A crash can also leave the queued settle without its
     /// journal record; it was not answered either, and reconciliation still applies it.
-    /// Blocking (sled reads and a flush): at start-up.
+    /// Blocking (a sync): at start-up.
     ///
     /// # Errors
-    /// When sled fails, panics, or a queued record does not decode.
+    /// When the queue's journal cannot write or sync.
     fn requeue_lost_commits(&self) -> Result<usize, LocalError> {
         let queued: std::collections::HashSet<(ClaimKey, crate::state::HookId)> = self
             .queue
-            .all_checked()?
+            .all()
             .into_iter()
             .filter(|(_, settle)| settle.outcome == crate::state::SettleOutcome::Commit)
             .map(|(_, settle)| (settle.key, settle.hook_id))
@@ -340,7 +341,7 @@ impl Fallback {
             return Ok(0);
         }
         for settle in &lost {
-            tracing::warn!(key = ?settle.key, hook_id = ?settle.hook_id, "settle queue (state.sled) lost a queued commit the fallback journal holds; queued again");
+            tracing::warn!(key = ?settle.key, hook_id = ?settle.hook_id, "settle queue lost a queued commit the fallback journal holds; queued again");
         }
         self.queue.push_blocking(&lost)?;
         Ok(lost.len())
@@ -544,8 +545,7 @@ mod tests {
         assert_eq!(left, [(tenant(Kind::Hooks, "other"), 30), (entity, 40)]);
     }
 
-    /// A commit the settle queue lost (sled recovered a state.sled from before it) is
-    /// queued again from the fallback journal, once; one still queued is not doubled.
+    /// A commit the settle queue lost (a torn last append dropped) is queued again from the fallback journal, once; one still queued is not doubled.
     #[tokio::test]
     async fn a_commit_the_settle_queue_lost_is_queued_again_from_the_journal() {
         let dir = tempfile::tempdir().expect("tempdir");
@@ -578,15 +578,14 @@ mod tests {
                 };
                 fallback.queue.push(&queued).await.expect("queue");
             }
-            let (lost, _) = fallback.queue.all().expect("all").remove(1);
+            let (lost, _) = fallback.queue.all().remove(1);
             fallback.queue.remove(lost).expect("lose it");
-            disk.flush_to_disk().expect("flush");
+            fallback.queue.sync().await.expect("sync");
         }
         let queued_keys = |fallback: &Fallback| {
             let mut keys: Vec<String> = fallback
                 .queue
                 .all()
-                .expect("all")
                 .into_iter()
                 .map(|(_, settle)| settle.key.key.to_string())
                 .collect();

@@ -194,7 +194,7 @@ fn settle_chunks(queued: Vec<(u64, QueuedSettle)>) -> Vec<Vec<(u64, QueuedSettle
 }
 
 async fn settles<N: Fleet>(node: &N) -> Result<(), N::Error> {
-    for chunk in settle_chunks(node.fallback().queue.all()?) {
+    for chunk in settle_chunks(node.fallback().queue.all()) {
         let deadline = Instant::now() + PROPOSAL_TIMEOUT;
         let proposals = chunk
             .iter()

@@ -466,9 +466,9 @@ impl Node {
             self.fallback.queue.push(&queued).await
         };
         // The claim's new record and the queued settle are both on disk before `QUEUED`.
-        // They are different files (the claim journal, sled), so their syncs run side by
-        // side: the answer, already past the fleet's deadline, waits for the slower of the
-        // two rather than for one after the other.
+        // They are different journals, so their syncs run side by side: the answer, already
+        // past the fleet's deadline, waits for the slower of the two rather than for one
+        // after the other.
         let syncing = Instant::now();
         tokio::try_join!(self.fallback.engine.sync(), push)?;
         let synced = syncing.elapsed();

@@ -4,11 +4,13 @@
 
 /// The Raft log and vote store.
 pub const RAFT_LOG_FILE: &str = "raft-log.redb";
-/// The sled store: the snapshot, the settle queue.
+/// The sled store: the snapshot (and, before `SETTLE_QUEUE_JOURNAL`, the settle queue).
 pub const STATE_SLED_DIR: &str = "state.sled";
 /// The journal of node-scope claims.
 pub const NODE_SCOPE_JOURNAL: &str = "node-claims.journal";
 /// The journal of claims the local fallback took, until reconciled.
 pub const FALLBACK_JOURNAL: &str = "fallback-claims.journal";
+/// The settles queued while the fleet did not answer, until it applies them.
+pub const SETTLE_QUEUE_JOURNAL: &str = "settle-queue.journal";
 /// There while `snapshot restore` writes the data dir; a node does not start while it is.
 pub const RESTORE_MARKER: &str = "restore-incomplete";

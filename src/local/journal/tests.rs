@@ -36,7 +36,7 @@ fn sorted(mut claims: Vec<(ClaimKey, ClaimRecord)>) -> Vec<(ClaimKey, ClaimRecor
 }
 
 fn reopen(path: &Path) -> Vec<(ClaimKey, ClaimRecord)> {
-    let (_journal, claims) = Journal::open(path, NOW_US).expect("reopen");
+    let (_journal, claims) = ClaimJournal::open(path, NOW_US).expect("reopen");
     sorted(claims)
 }
 
@@ -44,7 +44,7 @@ fn reopen(path: &Path) -> Vec<(ClaimKey, ClaimRecord)> {
 async fn the_last_record_of_a_key_wins_across_a_reopen() {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("claims.journal");
-    let (journal, claims) = Journal::open(&path, NOW_US).expect("open");
+    let (journal, claims) = ClaimJournal::open(&path, NOW_US).expect("open");
     assert!(claims.is_empty(), "a new journal is empty");
     let committed = record("hook-a", ClaimState::Committed, NOW_US + 90_000_000);
     journal
@@ -70,7 +70,7 @@ async fn the_last_record_of_a_key_wins_across_a_reopen() {
 async fn expired_claims_are_dropped_on_open() {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("claims.journal");
-    let (journal, _) = Journal::open(&path, NOW_US).expect("open");
+    let (journal, _) = ClaimJournal::open(&path, NOW_US).expect("open");
     let stale = record("hook-old", ClaimState::Committed, NOW_US);
     journal.append(&key("old"), Some(&stale)).expect("append");
     journal
@@ -87,7 +87,7 @@ async fn three_records_then(
 ) -> (tempfile::TempDir, PathBuf) {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("claims.journal");
-    let (journal, _) = Journal::open(&path, NOW_US).expect("open");
+    let (journal, _) = ClaimJournal::open(&path, NOW_US).expect("open");
     let mut ends = Vec::new();
     for name in ["a", "b", "c"] {
         journal
@@ -114,7 +114,7 @@ async fn damaged(damage: impl FnOnce(&mut Vec<u8>, &[usize])) -> Vec<(ClaimKey, 
         .any(|entry| entry.file_name().to_string_lossy().contains(".damaged-"));
     assert!(kept_aside, "the damaged file is kept aside for inspection");
     // The damaged file was replaced by the live set: appending and reopening works.
-    let (journal, again) = Journal::open(&path, NOW_US).expect("open again");
+    let (journal, again) = ClaimJournal::open(&path, NOW_US).expect("open again");
     assert_eq!(sorted(again), claims, "the cut file reads back the same");
     journal
         .append(&key("d"), Some(&live("hook-d")))
@@ -187,7 +187,7 @@ async fn damage_no_crash_leaves_refuses_to_open() {
     for (what, damage) in cases {
         let (_dir, path) = three_records_then(damage).await;
         let before = std::fs::read(&path).expect("read");
-        let refused = Journal::open(&path, NOW_US)
+        let refused = ClaimJournal::open(&path, NOW_US)
             .err()
             .unwrap_or_else(|| panic!("{what}: opened"));
         assert!(
@@ -207,7 +207,7 @@ async fn damage_no_crash_leaves_refuses_to_open() {
 async fn compaction_keeps_the_live_set_and_later_appends_follow_it() {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("claims.journal");
-    let (journal, _) = Journal::open(&path, NOW_US).expect("open");
+    let (journal, _) = ClaimJournal::open(&path, NOW_US).expect("open");
     for round in 0..200 {
         journal
             .append(&key("hot"), Some(&live(&format!("hook-{round}"))))
@@ -242,7 +242,7 @@ async fn compaction_keeps_the_live_set_and_later_appends_follow_it() {
 async fn a_failed_compaction_loses_nothing_and_the_journal_goes_on() {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("claims.journal");
-    let (journal, _) = Journal::open(&path, NOW_US).expect("open");
+    let (journal, _) = ClaimJournal::open(&path, NOW_US).expect("open");
     journal
         .append(&key("a"), Some(&live("hook-a")))
         .expect("append");
@@ -282,7 +282,7 @@ fn a_journal_that_cannot_be_read_does_not_open() {
     let path = dir.path().join("claims.journal");
     std::fs::create_dir(&path).expect("mkdir");
     assert!(matches!(
-        Journal::open(&path, NOW_US),
+        ClaimJournal::open(&path, NOW_US),
         Err(JournalError::Io { .. })
     ));
 }
@@ -290,7 +290,8 @@ fn a_journal_that_cannot_be_read_does_not_open() {
 #[tokio::test]
 async fn sync_with_nothing_pending_returns() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let (journal, _) = Journal::open(&dir.path().join("claims.journal"), NOW_US).expect("open");
+    let (journal, _) =
+        ClaimJournal::open(&dir.path().join("claims.journal"), NOW_US).expect("open");
     tokio::time::timeout(std::time::Duration::from_secs(30), journal.sync())
         .await
         .expect("an idle journal syncs at once")
@@ -304,13 +305,13 @@ fn a_failed_compaction_writes_what_it_superseded_to_the_old_file() {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("claims.journal");
     let mut old = Vec::new();
-    encode_record(&mut old, &key("a"), Some(&live("hook-a"))).expect("encode");
+    encode_record::<Claims>(&mut old, &key("a"), Some(&live("hook-a"))).expect("encode");
     std::fs::write(&path, &old).expect("write");
     let mut superseded = Vec::new();
-    encode_record(&mut superseded, &key("b"), Some(&live("hook-b"))).expect("encode");
+    encode_record::<Claims>(&mut superseded, &key("b"), Some(&live("hook-b"))).expect("encode");
     let mut later = Vec::new();
-    encode_record(&mut later, &key("c"), Some(&live("hook-c"))).expect("encode");
-    let live_set = encode_all(
+    encode_record::<Claims>(&mut later, &key("c"), Some(&live("hook-c"))).expect("encode");
+    let live_set = encode_all::<Claims>(
         [
             (&key("a"), Some(&live("hook-a"))),
             (&key("b"), Some(&live("hook-b"))),
@@ -324,7 +325,7 @@ fn a_failed_compaction_writes_what_it_superseded_to_the_old_file() {
         live: live_set,
         superseded: superseded.clone(),
     };
-    write_out(&path, &mut file, Some(compaction), &later).expect("written");
+    write_out(Claims::NAME, &path, &mut file, Some(compaction), &later).expect("written");
     let expected = [old, superseded, later].concat();
     assert_eq!(std::fs::read(&path).expect("read"), expected);
 }
