@@ -540,6 +540,7 @@ async fn a_damaged_settle_queue_refuses_or_loses_no_queued_commit() {
     let found = records(&bytes);
     assert_eq!(found.len(), cut.queued.len(), "a record per queued settle");
     let (last_start, end) = *found.last().expect("records");
+    assert_eq!(end, bytes.len(), "the records fill the file");
     let (middle_start, middle_end) = found[found.len() / 2];
     let torn = Expect::Recover(QUEUE_TORN);
     let damages = vec![

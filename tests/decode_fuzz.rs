@@ -288,7 +288,11 @@ fn disk_records_never_panic() {
         outcome: SettleOutcome::Commit,
         ttl_ms: 60_000,
     };
-    never_panics("queued settle", valid(&settle), decodes::<QueuedSettle>);
+    never_panics(
+        "settle queue record",
+        valid(&(7u64, Some(settle))),
+        decodes::<(u64, Option<QueuedSettle>)>,
+    );
     // A snapshot checks its checksum first: mutations are refused there, random bytes at the
     // magic; both must be errors, and the valid one must decode.
     let bytes = snapshot_bytes();

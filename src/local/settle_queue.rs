@@ -1,18 +1,19 @@
 //! Settles the fleet did not take in time, kept on this node's disk until the fleet applies
 //! them (contract §6: a settle is never lost, also across a restart of this node).
 //!
-//! An append-only [`Journal`] of its own, `settle-queue.journal` in the data dir: a settle
-//! is appended and its record synced (one `fdatasync`, shared by the settles that arrive
-//! meanwhile) before the edge is told `QUEUED`; removing it after the fleet answered appends
-//! a removal, not synced (a crash may hand an applied settle over again, which applies it
-//! again: the same hook, the same outcome). Order is kept: keys are sequence numbers, and
-//! [`SettleQueue::all`] lists them oldest first. The settles waiting are also held in
-//! memory, as the journal's live set.
+//! An append-only [`Journal`] of its own, `settle-queue.journal` in the data dir, with its
+//! own flusher thread: a settle is appended and its record synced (one `fdatasync`, shared
+//! by the settles that arrive meanwhile) before the edge is told `QUEUED`. Removing it
+//! after the fleet answered appends a removal that nobody waits for (the flusher syncs it
+//! within about a millisecond; a crash before that hands the applied settle over again,
+//! which applies it again: the same hook, the same outcome). Order is kept: keys are
+//! sequence numbers, and [`SettleQueue::all`] lists them oldest first. The settles waiting
+//! are also held in memory, as the journal's live set.
 //!
 //! Before this journal the queue was a sled tree in `state.sled`, whose flush writes and
 //! syncs the whole store (tens of milliseconds behind a busy disk, past a settle's
 //! deadline); [`SettleQueue::open`] moves what a node of that version left there into the
-//! journal (docs/storage.md).
+//! journal once (docs/storage.md).
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -20,11 +21,13 @@ use std::sync::Mutex;
 
 use serde::{Deserialize, Serialize};
 
-use super::journal::{Entry, Journal};
+use super::journal::{Entry, Journal, JournalError};
 use super::LocalError;
+use crate::clock::wall_clock_us;
 use crate::codec;
 use crate::lock::lock;
 use crate::state::{ClaimKey, HookId, SettleOutcome};
+use crate::storage::layout::SETTLE_QUEUE_MOVED;
 use crate::storage::sled_disk::SledDisk;
 use crate::storage::unless_panic;
 
@@ -69,36 +72,63 @@ pub struct SettleQueue {
 }
 
 impl SettleQueue {
-    /// Opens the queue's journal at `path`; what a previous run left is still there, and
-    /// so is what a node of the previous version left in `legacy`'s sled tree, moved into
-    /// the journal now (synced, then the tree emptied and flushed).
+    /// Opens the queue's journal at `path`; what a previous run left is still there. On
+    /// the first start after an upgrade, what a node of the previous version left in
+    /// `legacy`'s sled tree is moved into the journal (see [`SettleQueue::move_legacy`]).
     ///
     /// # Errors
-    /// When the journal cannot be read, written or synced, or the legacy tree cannot be
-    /// read (sled fails or panics, or a record does not decode).
+    /// When the journal cannot be read, written or synced (a record numbered `u64::MAX`,
+    /// which no queue reaches, is damage too), or the legacy tree cannot be read (sled
+    /// fails or panics, or a record does not decode).
     pub fn open(path: &Path, legacy: &SledDisk) -> Result<Self, LocalError> {
-        let (journal, live) = Journal::<Queued>::open(path, 0)?;
+        let (journal, live) = Journal::<Queued>::open(path, wall_clock_us())?;
         let settles: BTreeMap<u64, QueuedSettle> = live.into_iter().collect();
-        let next = settles.last_key_value().map_or(0, |(seq, _)| seq + 1);
+        let next = match settles.last_key_value() {
+            None => 0,
+            Some((seq, _)) => seq.checked_add(1).ok_or_else(|| JournalError::Damaged {
+                name: Queued::NAME,
+                path: path.to_owned(),
+                offset: 0,
+                reason: format!("a settle numbered {seq}, past any queue's count"),
+            })?,
+        };
         let queue = Self {
             journal,
             waiting: Mutex::new(Waiting { settles, next }),
         };
-        queue.move_legacy(legacy)?;
+        let moved = crate::storage::parent_dir(path).join(SETTLE_QUEUE_MOVED);
+        queue.move_legacy(legacy, &moved)?;
         Ok(queue)
     }
 
-    /// Moves the settles of the legacy sled tree into the journal, oldest first.
-    fn move_legacy(&self, disk: &SledDisk) -> Result<(), LocalError> {
-        let tree = unless_panic(|| disk.db().open_tree(LEGACY_TREE))
-            .map_err(LocalError::QueuePanicked)??;
-        let legacy =
-            unless_panic(|| legacy_settles(&tree)).map_err(LocalError::QueuePanicked)??;
-        if legacy.is_empty() {
+    /// Moves the settles of the legacy sled tree into the journal, oldest first, once:
+    /// synced, then the marker `moved` written and synced, then the tree dropped. A crash
+    /// before the marker moves them again on the next start (the same settles queued
+    /// twice: applied twice at worst, the same hook with the same outcome); after it the
+    /// tree is never read again, so nothing sled brings back of it (it may, from a damaged
+    /// file: docs/storage.md) is queued again.
+    fn move_legacy(&self, disk: &SledDisk, moved: &Path) -> Result<(), LocalError> {
+        if moved.exists() {
             return Ok(());
         }
+        let names = unless_panic(|| disk.db().tree_names()).map_err(LocalError::QueuePanicked)?;
+        if !names
+            .iter()
+            .any(|name| name.as_ref() == LEGACY_TREE.as_bytes())
+        {
+            return Ok(()); // a node that never had the sled queue: nothing to move
+        }
+        let legacy = unless_panic(|| {
+            disk.db()
+                .open_tree(LEGACY_TREE)
+                .map_err(LocalError::from)
+                .and_then(|tree| legacy_settles(&tree))
+        })
+        .map_err(LocalError::QueuePanicked)??;
         self.push_blocking(&legacy)?;
-        tree.clear()?;
+        std::fs::File::create(moved).and_then(|file| file.sync_all())?;
+        crate::storage::sync_dir(crate::storage::parent_dir(moved))?;
+        unless_panic(|| disk.db().drop_tree(LEGACY_TREE)).map_err(LocalError::QueuePanicked)??;
         disk.flush_to_disk()?;
         tracing::info!(
             settles = legacy.len(),
@@ -125,22 +155,23 @@ impl SettleQueue {
         for settle in settles {
             self.append(settle)?;
         }
-        futures::executor::block_on(self.journal.sync())?;
+        // Unconstrained: called from a runtime's task at start-up, a `sync` that ran out of
+        // tokio's cooperative budget would hand its wake-up to a scheduler that `block_on`
+        // never returns to.
+        futures::executor::block_on(tokio::task::unconstrained(self.journal.sync()))?;
         Ok(())
     }
 
+    /// Journals the settle, then keeps it in memory (a settle the journal did not take is
+    /// not queued); compacts the journal when it grew enough, under the same lock, so the
+    /// live set and the appends stay in order.
     fn append(&self, settle: &QueuedSettle) -> Result<(), LocalError> {
         let mut waiting = lock(&self.waiting);
         let seq = waiting.next;
+        let compact = self.journal.append(&seq, Some(settle))?;
         waiting.next += 1;
         waiting.settles.insert(seq, settle.clone());
-        self.persist(&waiting, seq)
-    }
-
-    /// Journals `seq`'s current value (or its absence); compacts the journal when it grew
-    /// enough, under the same lock, so the live set and the appends stay in order.
-    fn persist(&self, waiting: &Waiting, seq: u64) -> Result<(), LocalError> {
-        if self.journal.append(&seq, waiting.settles.get(&seq))? {
+        if compact {
             self.journal.compact(waiting.settles.iter())?;
         }
         Ok(())
@@ -161,8 +192,8 @@ impl SettleQueue {
     /// When the journal takes no more records (an earlier write failed).
     pub fn remove(&self, seq: u64) -> Result<(), LocalError> {
         let mut waiting = lock(&self.waiting);
-        if waiting.settles.remove(&seq).is_some() {
-            self.persist(&waiting, seq)?;
+        if waiting.settles.remove(&seq).is_some() && self.journal.append(&seq, None)? {
+            self.journal.compact(waiting.settles.iter())?;
         }
         Ok(())
     }
@@ -193,7 +224,9 @@ fn legacy_settles(tree: &sled::Tree) -> Result<Vec<QueuedSettle>, LocalError> {
     let mut settles = Vec::new();
     for item in tree.iter() {
         let (key, value) = item?;
-        let seq = <[u8; 8]>::try_from(key.as_ref()).map_or(0, u64::from_be_bytes);
+        // A key of another length is damage too: the record is then named by its place.
+        let seq =
+            <[u8; 8]>::try_from(key.as_ref()).map_or(settles.len() as u64, u64::from_be_bytes);
         let settle = codec::decode(&value).map_err(|source| LocalError::Record { seq, source })?;
         settles.push(settle);
     }
@@ -218,10 +251,44 @@ mod tests {
         }
     }
 
+    /// sled lets go of its file lock from a thread of its own, a moment after the last
+    /// handle is dropped: a reopen waits for it, within a deadline.
+    fn sled(dir: &Path) -> SledDisk {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        loop {
+            match SledDisk::open(&dir.join(STATE_SLED_DIR), 1 << 20) {
+                Ok(disk) => return disk,
+                Err(e) if std::time::Instant::now() < deadline => {
+                    tracing::debug!(error = %e, "state.sled still locked");
+                    std::thread::sleep(std::time::Duration::from_millis(20));
+                }
+                Err(e) => panic!("sled: {e:?}"),
+            }
+        }
+    }
+
     fn open(dir: &Path) -> (SettleQueue, SledDisk) {
-        let disk = SledDisk::open(&dir.join(STATE_SLED_DIR), 1 << 20).expect("sled");
+        let disk = sled(dir);
         let queue = SettleQueue::open(&dir.join(SETTLE_QUEUE_JOURNAL), &disk).expect("queue");
         (queue, disk)
+    }
+
+    /// Writes `settles` into the legacy sled tree, as a node of the previous version did.
+    fn legacy(dir: &Path, settles: &[(u64, &QueuedSettle)]) {
+        let disk = sled(dir);
+        let tree = disk.db().open_tree(LEGACY_TREE).expect("tree");
+        for (seq, one) in settles {
+            tree.insert(seq.to_be_bytes(), codec::encode(*one).expect("encode"))
+                .expect("insert");
+        }
+        disk.flush_to_disk().expect("flush");
+    }
+
+    fn has_legacy_tree(disk: &SledDisk) -> bool {
+        let names = disk.db().tree_names();
+        names
+            .iter()
+            .any(|name| name.as_ref() == LEGACY_TREE.as_bytes())
     }
 
     fn outcomes(queue: &SettleQueue) -> Vec<QueuedSettle> {
@@ -246,12 +313,23 @@ mod tests {
             queue.sync().await.expect("sync");
             assert_eq!(outcomes(&queue), vec![b.clone(), c.clone()]);
         }
+        {
+            let (queue, _disk) = open(dir.path());
+            assert_eq!(outcomes(&queue), vec![b.clone(), c.clone()]);
+            // New settles follow the ones left.
+            queue.push(&a).await.expect("push");
+            assert_eq!(outcomes(&queue), vec![b.clone(), c.clone(), a.clone()]);
+            assert_eq!(queue.len(), 3);
+            // The newest removed: its number is given again after a reopen, and no record
+            // of the removed settle comes back with it (the reopen rewrote the live set).
+            let newest = queue.all()[2].0;
+            queue.remove(newest).expect("remove");
+            queue.sync().await.expect("sync");
+        }
         let (queue, _disk) = open(dir.path());
         assert_eq!(outcomes(&queue), vec![b.clone(), c.clone()]);
-        // New settles follow the ones left, never reusing a number.
-        queue.push(&a).await.expect("push");
-        assert_eq!(outcomes(&queue), vec![b, c, a]);
-        assert_eq!(queue.len(), 3);
+        queue.push(&c).await.expect("push");
+        assert_eq!(outcomes(&queue), vec![b, c.clone(), c]);
     }
 
     #[tokio::test]
@@ -261,36 +339,39 @@ mod tests {
             settle("a", SettleOutcome::Commit),
             settle("b", SettleOutcome::Release),
         );
-        {
-            // What a node of the previous version left: big-endian sequence numbers.
-            let disk = SledDisk::open(&dir.path().join(STATE_SLED_DIR), 1 << 20).expect("sled");
-            let tree = disk.db().open_tree(LEGACY_TREE).expect("tree");
-            for (seq, one) in [(7u64, &a), (9, &b)] {
-                tree.insert(seq.to_be_bytes(), codec::encode(one).expect("encode"))
-                    .expect("insert");
-            }
-            disk.flush_to_disk().expect("flush");
-        }
+        // What a node of the previous version left: big-endian sequence numbers.
+        legacy(dir.path(), &[(7, &a), (9, &b)]);
         {
             let (queue, disk) = open(dir.path());
             assert_eq!(outcomes(&queue), vec![a.clone(), b.clone()]);
-            let tree = disk.db().open_tree(LEGACY_TREE).expect("tree");
-            assert!(tree.is_empty(), "the legacy tree is emptied");
+            assert!(!has_legacy_tree(&disk), "the legacy tree is dropped");
+            assert!(dir.path().join(SETTLE_QUEUE_MOVED).exists(), "the marker");
         }
+        // A tree sled brings back (from a damaged file) is never read again.
+        legacy(dir.path(), &[(7, &a), (9, &b)]);
         let (queue, _disk) = open(dir.path());
         assert_eq!(outcomes(&queue), vec![a, b], "moved once, not twice");
+    }
+
+    #[test]
+    fn a_node_that_never_had_the_sled_queue_moves_nothing_and_makes_no_tree() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (queue, disk) = open(dir.path());
+        assert!(queue.is_empty());
+        assert!(!has_legacy_tree(&disk));
+        assert!(!dir.path().join(SETTLE_QUEUE_MOVED).exists());
     }
 
     #[test]
     fn a_legacy_record_that_does_not_decode_is_an_error_naming_it() {
         let dir = tempfile::tempdir().expect("tempdir");
         {
-            let disk = SledDisk::open(&dir.path().join(STATE_SLED_DIR), 1 << 20).expect("sled");
+            let disk = sled(dir.path());
             let tree = disk.db().open_tree(LEGACY_TREE).expect("tree");
             tree.insert(5u64.to_be_bytes(), &[0xff; 3]).expect("insert");
             disk.flush_to_disk().expect("flush");
         }
-        let disk = SledDisk::open(&dir.path().join(STATE_SLED_DIR), 1 << 20).expect("sled");
+        let disk = sled(dir.path());
         let refused = SettleQueue::open(&dir.path().join(SETTLE_QUEUE_JOURNAL), &disk);
         assert!(
             matches!(refused, Err(LocalError::Record { seq: 5, .. })),

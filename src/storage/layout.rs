@@ -12,5 +12,8 @@ pub const NODE_SCOPE_JOURNAL: &str = "node-claims.journal";
 pub const FALLBACK_JOURNAL: &str = "fallback-claims.journal";
 /// The settles queued while the fleet did not answer, until it applies them.
 pub const SETTLE_QUEUE_JOURNAL: &str = "settle-queue.journal";
+/// There once the settle queue of the previous version (a sled tree in `STATE_SLED_DIR`)
+/// was moved into `SETTLE_QUEUE_JOURNAL`: that tree is never read again.
+pub const SETTLE_QUEUE_MOVED: &str = "settle-queue.moved";
 /// There while `snapshot restore` writes the data dir; a node does not start while it is.
 pub const RESTORE_MARKER: &str = "restore-incomplete";
