@@ -1,14 +1,17 @@
-//! The node's wall clock, in the microseconds the state machine counts in.
+//! The node's wall clock, in the microseconds the state machine counts in, and the time
+//! the node-local engine decides by.
 //!
-//! The leader stamps each batch with it (contract §3) and the node-local engine decides
-//! with it; nothing else reads the time of day.
+//! The leader stamps each batch with the wall clock, bounded by its monotonic clock
+//! (contract §3, [`bounded_stamp`]); the node-local engine decides by [`LocalTime`], the
+//! same rule with an anchor of its own, reading a [`Clock`] that tests can drive.
 //!
-//! Fault injection can set it off by an offset, to play a node whose clock is wrong (the
-//! nemesis's `clock` fault). The offset is process-wide: one node per process, as `serve`
-//! runs.
+//! Fault injection can set the wall clock off by an offset, to play a node whose clock is
+//! wrong (the nemesis's `clock` fault). The offset is process-wide: one node per process,
+//! as `serve` runs.
 
-use std::sync::atomic::{AtomicI64, Ordering};
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 /// The fault-injection offset, in microseconds (0 unless a fault set it).
 static FAULT_OFFSET_US: AtomicI64 = AtomicI64::new(0);
@@ -27,4 +30,199 @@ pub fn wall_clock_us() -> u64 {
 pub(crate) fn set_fault_offset_ms(offset_ms: i64) -> bool {
     let offset_us = offset_ms.saturating_mul(1_000);
     FAULT_OFFSET_US.swap(offset_us, Ordering::Relaxed) != offset_us
+}
+
+/// The stamp for wall-clock reading `wall_us`, `elapsed_us` of monotonic time after the
+/// anchor `anchor_us`: the wall clock, within `bound_us` of the anchor moved on by the
+/// monotonic time (contract §3). Whether the wall clock was within the bound (then the
+/// stamp is a new anchor; otherwise the old one stays, so a clock that jumped moves the
+/// time at the monotonic rate and at most `bound_us` off it).
+pub fn bounded_stamp(wall_us: u64, anchor_us: u64, elapsed_us: u64, bound_us: u64) -> (u64, bool) {
+    let expected_us = anchor_us.saturating_add(elapsed_us);
+    let low_us = expected_us.saturating_sub(bound_us);
+    let high_us = expected_us.saturating_add(bound_us);
+    let stamp_us = wall_us.clamp(low_us, high_us);
+    (stamp_us, stamp_us == wall_us)
+}
+
+/// The two clocks a node reads: the wall clock (microseconds since the Unix epoch) and a
+/// monotonic one (microseconds since an origin of its own, never set back).
+pub trait Clock: Send + Sync {
+    fn wall_us(&self) -> u64;
+    fn monotonic_us(&self) -> u64;
+}
+
+/// The machine's clocks (the wall clock with the fault-injection offset).
+pub struct SystemClock {
+    origin: Instant,
+}
+
+impl Default for SystemClock {
+    fn default() -> Self {
+        Self {
+            origin: Instant::now(),
+        }
+    }
+}
+
+impl Clock for SystemClock {
+    fn wall_us(&self) -> u64 {
+        wall_clock_us()
+    }
+
+    fn monotonic_us(&self) -> u64 {
+        u64::try_from(self.origin.elapsed().as_micros()).unwrap_or(u64::MAX)
+    }
+}
+
+/// Clocks a test moves by hand: [`ManualClock::advance`] moves both, as time passing;
+/// [`ManualClock::step_wall`] moves the wall clock alone, as an NTP step or a bad RTC.
+#[derive(Debug, Default)]
+pub struct ManualClock {
+    wall_us: AtomicU64,
+    monotonic_us: AtomicU64,
+}
+
+impl ManualClock {
+    /// Clocks reading `wall_us` on the wall and 0 on the monotonic clock.
+    pub fn new(wall_us: u64) -> Self {
+        Self {
+            wall_us: AtomicU64::new(wall_us),
+            monotonic_us: AtomicU64::new(0),
+        }
+    }
+
+    /// Time passes: both clocks move on by `by`.
+    pub fn advance(&self, by: Duration) {
+        let by_us = u64::try_from(by.as_micros()).unwrap_or(u64::MAX);
+        self.wall_us.fetch_add(by_us, Ordering::Relaxed);
+        self.monotonic_us.fetch_add(by_us, Ordering::Relaxed);
+    }
+
+    /// The wall clock alone is set `by_us` microseconds on (negative: back).
+    pub fn step_wall(&self, by_us: i64) {
+        let _ = self
+            .wall_us
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |wall_us| {
+                Some(wall_us.saturating_add_signed(by_us))
+            });
+    }
+}
+
+impl Clock for ManualClock {
+    fn wall_us(&self) -> u64 {
+        self.wall_us.load(Ordering::Relaxed)
+    }
+
+    fn monotonic_us(&self) -> u64 {
+        self.monotonic_us.load(Ordering::Relaxed)
+    }
+}
+
+/// Whether the fleet vouches for this node's wall clock now (its offset from a quorum's
+/// median is known and within the bound): [`LocalTime`] then follows it wherever it is.
+pub type Vouch = Box<dyn Fn() -> bool + Send + Sync>;
+
+/// The time the node-local engine decides by: the leader's rule ([`bounded_stamp`]) with
+/// an anchor of its own, set at start-up. A wall clock within `bound_us` of the anchor
+/// moved on by the monotonic clock is the time, and the next anchor; one further off (a
+/// clock set 90 minutes forward or back) moves the time only at the monotonic rate, at
+/// most the bound off it, so the node's own buckets keep refilling and its pending claims
+/// do not all end at once. A wall clock the fleet vouches for is followed wherever it is
+/// (a node started with its clock wrong follows it once it is set right).
+pub struct LocalTime {
+    clock: Arc<dyn Clock>,
+    bound_us: u64,
+    vouch: Vouch,
+    /// The last time that was the wall clock, and the monotonic reading then.
+    anchor: Mutex<(u64, u64)>,
+}
+
+impl LocalTime {
+    /// Time read from `clock`, bounded by `bound`, anchored at the wall clock now.
+    pub fn new(clock: Arc<dyn Clock>, bound: Duration, vouch: Vouch) -> Self {
+        let anchor = (clock.wall_us(), clock.monotonic_us());
+        Self {
+            clock,
+            bound_us: u64::try_from(bound.as_micros()).unwrap_or(u64::MAX),
+            vouch,
+            anchor: Mutex::new(anchor),
+        }
+    }
+
+    /// The machine's clocks, bounded by `bound`; nothing vouches for the wall clock beyond
+    /// the bound (tools and tests that run no fleet).
+    pub fn system(bound: Duration) -> Self {
+        Self::new(Arc::new(SystemClock::default()), bound, Box::new(|| false))
+    }
+
+    /// The time now, in microseconds since the Unix epoch.
+    pub fn now_us(&self) -> u64 {
+        let (wall_us, monotonic_us) = (self.clock.wall_us(), self.clock.monotonic_us());
+        let mut anchor = crate::lock::lock(&self.anchor);
+        let elapsed_us = monotonic_us.saturating_sub(anchor.1);
+        let (now_us, within) = bounded_stamp(wall_us, anchor.0, elapsed_us, self.bound_us);
+        if within || (self.vouch)() {
+            *anchor = (wall_us, monotonic_us);
+            return wall_us;
+        }
+        now_us
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const T0_US: u64 = 1_800_000_000_000_000;
+    const BOUND: Duration = Duration::from_millis(500);
+    const MINUTE_US: i64 = 60_000_000;
+
+    fn time(vouched: bool) -> (Arc<ManualClock>, LocalTime) {
+        let clock = Arc::new(ManualClock::new(T0_US));
+        let time = LocalTime::new(clock.clone(), BOUND, Box::new(move || vouched));
+        (clock, time)
+    }
+
+    #[test]
+    fn a_sound_wall_clock_is_the_time() {
+        let (clock, time) = time(false);
+        assert_eq!(time.now_us(), T0_US);
+        clock.advance(Duration::from_secs(3));
+        clock.step_wall(200_000); // within the bound
+        assert_eq!(time.now_us(), T0_US + 3_200_000);
+    }
+
+    #[test]
+    fn a_wall_clock_set_90_minutes_either_way_moves_the_time_at_the_monotonic_rate() {
+        let (clock, time) = time(false);
+        clock.advance(Duration::from_secs(1));
+        clock.step_wall(90 * MINUTE_US);
+        assert_eq!(
+            time.now_us(),
+            T0_US + 1_000_000 + 500_000,
+            "a bound ahead, no more"
+        );
+        clock.advance(Duration::from_secs(2));
+        assert_eq!(
+            time.now_us(),
+            T0_US + 3_000_000 + 500_000,
+            "on at the monotonic rate"
+        );
+        // Set back past where it was: the time still moves on, a bound behind.
+        clock.step_wall(-180 * MINUTE_US);
+        clock.advance(Duration::from_secs(1));
+        assert_eq!(time.now_us(), T0_US + 4_000_000 - 500_000);
+        // Set right again: followed.
+        clock.step_wall(90 * MINUTE_US);
+        clock.advance(Duration::from_secs(1));
+        assert_eq!(time.now_us(), T0_US + 5_000_000);
+    }
+
+    #[test]
+    fn a_wall_clock_the_fleet_vouches_for_is_followed_wherever_it_is() {
+        let (clock, time) = time(true);
+        clock.step_wall(90 * MINUTE_US);
+        assert_eq!(time.now_us(), T0_US + 90 * MINUTE_US as u64);
+    }
 }

@@ -20,6 +20,7 @@ use crate::api::admin::AdminService;
 use crate::api::drain::DrainGate;
 use crate::api::validate::RequestDefaults;
 use crate::api::FleetService;
+use crate::clock::{LocalTime, SystemClock};
 use crate::config::NodeConfig;
 use crate::envoy::EnvoyService;
 use crate::limits;
@@ -185,6 +186,22 @@ fn sync_dir(path: &Path) -> Result<(), StartError> {
     })
 }
 
+/// The time both local engines decide by: the machine's clocks, bounded by
+/// `max_clock_offset`, following the wall clock beyond the bound only while the fleet's
+/// median vouches for it (`clock::LocalTime`).
+fn local_time(clock: &ClockView, max_clock_offset: Duration) -> Arc<LocalTime> {
+    let view = clock.clone();
+    let vouch = Box::new(move || {
+        view.estimate()
+            .is_some_and(|estimate| estimate.offset_us.unsigned_abs() <= view.bound_us())
+    });
+    Arc::new(LocalTime::new(
+        Arc::new(SystemClock::default()),
+        max_clock_offset,
+        vouch,
+    ))
+}
+
 /// Opens `state.sled`; sled's errors and panics name it.
 fn open_sled(path: &Path) -> Result<SledDisk, StartError> {
     let reason = match unless_panic(|| SledDisk::open(path, SLED_CACHE_BYTES)) {
@@ -288,7 +305,6 @@ pub async fn start(config: NodeConfig, listeners: Listeners) -> Result<RunningNo
     let disk = open_sled(&sled_path)?;
     let state = open_state(&sled_path, &disk, &durable, purged, faults.planted())?;
     let snapshot_state = state.clone();
-    let local = LocalEngine::open(&config.data_dir.join(NODE_SCOPE_JOURNAL), config.node_id)?;
     // The planted `unbounded_clock` plays the fleet before its time was bounded: no bound.
     let max_clock_offset = if faults.planted() == Some(crate::config::PlantedBug::UnboundedClock) {
         Duration::MAX
@@ -296,6 +312,12 @@ pub async fn start(config: NodeConfig, listeners: Listeners) -> Result<RunningNo
         Duration::from_millis(config.max_clock_offset_ms)
     };
     let clock = ClockView::new(config.node_id, max_clock_offset);
+    let local_time = local_time(&clock, max_clock_offset);
+    let local = LocalEngine::open(
+        &config.data_dir.join(NODE_SCOPE_JOURNAL),
+        config.node_id,
+        local_time.clone(),
+    )?;
     let peers = PeerClients::new(&config.cluster_id, config.node_id, faults.clone())
         .with_tls(peer_tls.as_ref().map(PeerTls::client))
         .with_clock(clock.clone());
@@ -336,6 +358,7 @@ pub async fn start(config: NodeConfig, listeners: Listeners) -> Result<RunningNo
             &disk,
             config.node_id,
             config.fallback_budget,
+            local_time,
         )?,
         voters_max: config.voters_max,
         durable,

@@ -16,9 +16,9 @@ pub mod settle_queue;
 
 pub use ledger::ChargeLedger;
 
-use crate::clock::wall_clock_us;
+use crate::clock::LocalTime;
 use std::path::Path;
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::codec;
 use crate::lock::lock;
@@ -53,15 +53,17 @@ pub struct LocalEngine {
     node_id: NodeId,
     state: Mutex<FleetState>,
     journal: journal::ClaimJournal,
+    /// What the engine decides by: the wall clock, bounded (`clock::LocalTime`).
+    time: Arc<LocalTime>,
 }
 
 impl LocalEngine {
-    /// Opens the claim journal at `path` and loads its live claims.
+    /// Opens the claim journal at `path` and loads its claims live at `time`'s now.
     ///
     /// # Errors
     /// When the journal cannot be read or rewritten.
-    pub fn open(path: &Path, node_id: NodeId) -> Result<Self, LocalError> {
-        let now_us = wall_clock_us();
+    pub fn open(path: &Path, node_id: NodeId, time: Arc<LocalTime>) -> Result<Self, LocalError> {
+        let now_us = time.now_us();
         let (journal, claims) = journal::ClaimJournal::open(path, now_us)?;
         let image = StateImage {
             clock_us: now_us,
@@ -72,7 +74,13 @@ impl LocalEngine {
             node_id,
             state: Mutex::new(FleetState::from_image(image)),
             journal,
+            time,
         })
+    }
+
+    /// The time the engine decides by now (its state's clock never goes back from it).
+    pub fn now_us(&self) -> u64 {
+        self.time.now_us()
     }
 
     /// Waits until every claim change so far is on disk (before answering a settle).
@@ -87,7 +95,7 @@ impl LocalEngine {
     fn now(&self) -> (MutexGuard<'_, FleetState>, u64) {
         // The rules never panic on validated input; if one did, the maps are still whole.
         let mut state = lock(&self.state);
-        let now_us = state.advance_clock(wall_clock_us());
+        let now_us = state.advance_clock(self.time.now_us());
         (state, now_us)
     }
 
@@ -289,9 +297,10 @@ impl Fallback {
         disk: &crate::storage::sled_disk::SledDisk,
         node_id: NodeId,
         budget: crate::config::FallbackBudget,
+        time: Arc<LocalTime>,
     ) -> Result<Self, LocalError> {
         let fallback = Self {
-            engine: LocalEngine::open(&data_dir.join(FALLBACK_JOURNAL), node_id)?,
+            engine: LocalEngine::open(&data_dir.join(FALLBACK_JOURNAL), node_id, time)?,
             queue: settle_queue::SettleQueue::open(&data_dir.join(SETTLE_QUEUE_JOURNAL), disk)?,
             ledger: ChargeLedger::default(),
             budget,
@@ -434,9 +443,82 @@ fn hit_answer(answer: Answer) -> HitAnswer {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
+    use crate::clock::{wall_clock_us, ManualClock};
     use crate::state::{BucketKey, ClaimKey, EntityId, Kind, TenantId};
+    use std::time::Duration;
+
+    const BOUND: Duration = Duration::from_millis(500);
+
+    /// The machine's clocks, bounded as a node's default `max_clock_offset_ms`.
+    pub(crate) fn system_time() -> Arc<LocalTime> {
+        Arc::new(LocalTime::system(BOUND))
+    }
+
+    /// A node-scope bucket of 10 at once refilling 10 per second, and a claim pending for
+    /// a minute, on an engine whose wall clock is set 90 minutes forward and then back
+    /// (nothing vouches for it): the bucket refills at the monotonic clock's rate through
+    /// both steps, and the claim stays pending until its minute is up. Before the engine
+    /// bounded its time, the forward step ended the claim at once, and the step back froze
+    /// the bucket for 90 minutes.
+    #[test]
+    fn a_wall_clock_set_90_minutes_off_neither_ends_claims_nor_freezes_buckets() {
+        const MINUTE_US: i64 = 60_000_000;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let clock = Arc::new(ManualClock::new(1_800_000_000_000_000));
+        let time = Arc::new(LocalTime::new(clock.clone(), BOUND, Box::new(|| false)));
+        let engine = LocalEngine::open(&dir.path().join("claims.journal"), 1, time).expect("open");
+        let bucket = [charge(tenant(Kind::Hooks, "t"), 100_000)];
+        let drain = || {
+            let mut allowed = 0;
+            while engine.hit(&bucket, None).expect("hit") == HitAnswer::Allowed {
+                allowed += 1;
+            }
+            allowed
+        };
+        assert_eq!(drain(), 10, "a full bucket");
+        let first = claim_request("k", "h1");
+        assert_eq!(
+            engine.hit(&[], Some(&first)).expect("claim"),
+            HitAnswer::Allowed
+        );
+        let second = claim_request("k", "h2");
+
+        clock.step_wall(90 * MINUTE_US);
+        assert!(
+            matches!(
+                engine.hit(&[], Some(&second)),
+                Ok(HitAnswer::Pending { .. })
+            ),
+            "still pending after the step forward"
+        );
+        clock.advance(Duration::from_millis(300));
+        // 300 ms and at most the bound's 500 ms ahead: 3 to 8 refilled, not 10.
+        let refilled = drain();
+        assert!((3..=8).contains(&refilled), "{refilled} refilled");
+
+        clock.step_wall(-90 * MINUTE_US);
+        clock.advance(Duration::from_secs(2));
+        assert_eq!(
+            drain(),
+            10,
+            "refilled at the monotonic rate after the step back"
+        );
+        assert!(
+            matches!(
+                engine.hit(&[], Some(&second)),
+                Ok(HitAnswer::Pending { .. })
+            ),
+            "still pending"
+        );
+        clock.advance(Duration::from_secs(60));
+        assert_eq!(
+            engine.hit(&[], Some(&second)).expect("claim"),
+            HitAnswer::Allowed,
+            "the minute is up"
+        );
+    }
 
     fn charge(bucket: BucketKey, increment_us: u64) -> Charge {
         Charge {
@@ -483,7 +565,8 @@ mod tests {
     #[test]
     fn a_retry_of_a_hook_the_fleet_holds_pending_is_allowed_without_a_charge() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let engine = LocalEngine::open(&dir.path().join("claims.journal"), 1).expect("open");
+        let engine =
+            LocalEngine::open(&dir.path().join("claims.journal"), 1, system_time()).expect("open");
         let charges = [charge(tenant(Kind::Hooks, "t"), 10)];
 
         let retry = claim_request("k", "h1");
@@ -561,7 +644,8 @@ mod tests {
         {
             let disk =
                 crate::storage::sled_disk::SledDisk::open(&sled_path, 1 << 20).expect("sled");
-            let fallback = Fallback::open(dir.path(), &disk, 1, budget).expect("open");
+            let fallback =
+                Fallback::open(dir.path(), &disk, 1, budget, system_time()).expect("open");
             for key in ["kept", "lost"] {
                 let request = claim_request(key, "h");
                 fallback.engine.hit(&[], Some(&request)).expect("hit");
@@ -609,7 +693,8 @@ mod tests {
         };
         for _ in 0..2 {
             let disk = reopen();
-            let fallback = Fallback::open(dir.path(), &disk, 1, budget).expect("reopen");
+            let fallback =
+                Fallback::open(dir.path(), &disk, 1, budget, system_time()).expect("reopen");
             assert_eq!(queued_keys(&fallback), ["kept", "lost"]);
             disk.flush_to_disk().expect("flush");
         }

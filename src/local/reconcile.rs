@@ -109,7 +109,7 @@ fn conflict(what: &'static str) {
 const ROUND_PROPOSALS_MAX: usize = 256;
 
 async fn claims<N: Fleet>(node: &N) -> Result<(), N::Error> {
-    let now_us = wall_clock_us();
+    let now_us = node.fallback().engine.now_us();
     let pending = node.fallback().engine.pending_claims();
     for chunk in pending.chunks(ROUND_PROPOSALS_MAX) {
         let deadline = Instant::now() + PROPOSAL_TIMEOUT;
@@ -329,8 +329,14 @@ mod tests {
         let disk =
             crate::storage::sled_disk::SledDisk::open(&dir.path().join("state.sled"), 1 << 20)
                 .expect("sled");
-        let fallback = Fallback::open(dir.path(), &disk, 1, crate::config::FallbackBudget::Full)
-            .expect("fallback");
+        let fallback = Fallback::open(
+            dir.path(),
+            &disk,
+            1,
+            crate::config::FallbackBudget::Full,
+            crate::local::tests::system_time(),
+        )
+        .expect("fallback");
         let fleet = LostFirstAnswer {
             fallback,
             state: Mutex::default(),

@@ -29,7 +29,7 @@ use tokio::sync::{mpsc, oneshot, Semaphore};
 use tokio::time::Instant;
 
 use super::order::{SubmitOrder, SubmitTurn};
-use crate::clock::wall_clock_us;
+use crate::clock::{bounded_stamp, wall_clock_us};
 use crate::raft::clock_view::ClockView;
 use crate::raft::network::PeerClients;
 use crate::raft::{NodeId, ProposeRefusal, ProposeRequest, ProposeResponse, Raft};
@@ -500,19 +500,6 @@ struct Anchor {
     term: u64,
     stamp_us: u64,
     at: Instant,
-}
-
-/// The stamp for wall-clock reading `wall_us`, `elapsed_us` of monotonic time after the
-/// anchor `anchor_us`: the wall clock, within `bound_us` of the anchor moved on by the
-/// monotonic time (contract §3). Whether the wall clock was within the bound (then the
-/// stamp is a new anchor; otherwise the old one stays, so a clock that jumped moves the
-/// fleet's time at the monotonic rate and at most `bound_us` off it).
-fn bounded_stamp(wall_us: u64, anchor_us: u64, elapsed_us: u64, bound_us: u64) -> (u64, bool) {
-    let expected_us = anchor_us.saturating_add(elapsed_us);
-    let low_us = expected_us.saturating_sub(bound_us);
-    let high_us = expected_us.saturating_add(bound_us);
-    let stamp_us = wall_us.clamp(low_us, high_us);
-    (stamp_us, stamp_us == wall_us)
 }
 
 impl Router {
