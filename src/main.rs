@@ -43,6 +43,9 @@ enum Cmd {
     /// What one snapshot costs here (encode, store, load), apart from a fleet; prints a
     /// JSON summary.
     BenchSnapshot(ankusa_fleet::raft::snapshot::bench::SnapshotBenchPlan),
+    /// What writing one queued settle to the disk costs, the settle queue's journal and
+    /// the sled tree it replaced side by side; prints a JSON summary.
+    BenchSettleQueue(ankusa_fleet::local::bench::SettleQueueBenchPlan),
     /// Inspect or change membership through any node's raft_addr (with a fleet certificate).
     Cluster {
         #[command(subcommand)]
@@ -230,6 +233,11 @@ async fn main() -> anyhow::Result<()> {
         }
         Cmd::BenchSnapshot(plan) => {
             let summary = ankusa_fleet::raft::snapshot::bench::run(&plan)?;
+            println!("{}", serde_json::to_string_pretty(&summary)?);
+            Ok(())
+        }
+        Cmd::BenchSettleQueue(plan) => {
+            let summary = ankusa_fleet::local::bench::run(&plan).await?;
             println!("{}", serde_json::to_string_pretty(&summary)?);
             Ok(())
         }

@@ -74,7 +74,7 @@ pub struct SettleQueue {
 impl SettleQueue {
     /// Opens the queue's journal at `path`; what a previous run left is still there. On
     /// the first start after an upgrade, what a node of the previous version left in
-    /// `legacy`'s sled tree is moved into the journal (see [`SettleQueue::move_legacy`]).
+    /// `legacy`'s sled tree is moved into the journal (see `SettleQueue::move_legacy`).
     ///
     /// # Errors
     /// When the journal cannot be read, written or synced (a record numbered `u64::MAX`,
