@@ -11,7 +11,7 @@
 
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// The fault-injection offset, in microseconds (0 unless a fault set it).
 static FAULT_OFFSET_US: AtomicI64 = AtomicI64::new(0);
@@ -52,18 +52,11 @@ pub trait Clock: Send + Sync {
     fn monotonic_us(&self) -> u64;
 }
 
-/// The machine's clocks (the wall clock with the fault-injection offset).
-pub struct SystemClock {
-    origin: Instant,
-}
-
-impl Default for SystemClock {
-    fn default() -> Self {
-        Self {
-            origin: Instant::now(),
-        }
-    }
-}
+/// The machine's clocks: the wall clock with the fault-injection offset, and
+/// `CLOCK_BOOTTIME`, which (unlike `Instant`'s `CLOCK_MONOTONIC`) also counts the time the
+/// machine was suspended, so a resumed node's wall clock does not look stepped.
+#[derive(Default)]
+pub struct SystemClock;
 
 impl Clock for SystemClock {
     fn wall_us(&self) -> u64 {
@@ -71,7 +64,19 @@ impl Clock for SystemClock {
     }
 
     fn monotonic_us(&self) -> u64 {
-        u64::try_from(self.origin.elapsed().as_micros()).unwrap_or(u64::MAX)
+        let mut now = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: clock_gettime writes one timespec, which `now` is, and reads nothing else.
+        let rc = unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut now) };
+        if rc != 0 {
+            // Never on Linux since 2.6.39; a clock that does not move keeps the bound.
+            return 0;
+        }
+        let secs = u64::try_from(now.tv_sec).unwrap_or(0);
+        let nanos = u64::try_from(now.tv_nsec).unwrap_or(0);
+        secs.saturating_mul(1_000_000).saturating_add(nanos / 1_000)
     }
 }
 
@@ -119,52 +124,47 @@ impl Clock for ManualClock {
     }
 }
 
-/// Whether the fleet vouches for this node's wall clock now (its offset from a quorum's
-/// median is known and within the bound): [`LocalTime`] then follows it wherever it is.
-pub type Vouch = Box<dyn Fn() -> bool + Send + Sync>;
-
-/// The time the node-local engine decides by: the leader's rule ([`bounded_stamp`]) with
-/// an anchor of its own, set at start-up. A wall clock within `bound_us` of the anchor
-/// moved on by the monotonic clock is the time, and the next anchor; one further off (a
-/// clock set 90 minutes forward or back) moves the time only at the monotonic rate, at
-/// most the bound off it, so the node's own buckets keep refilling and its pending claims
-/// do not all end at once. A wall clock the fleet vouches for is followed wherever it is
-/// (a node started with its clock wrong follows it once it is set right).
+/// The time the node-local engines decide by: the leader's rule ([`bounded_stamp`]) with
+/// an anchor of their own, set at start-up. A wall clock within `bound_us` of the anchor
+/// moved on by the monotonic clock is the time, and the next anchor (so NTP's slewing is
+/// followed); one further off (a clock set 90 minutes forward or back) moves the time only
+/// at the monotonic rate, at most the bound off it, so the node's own buckets keep
+/// refilling and its pending claims do not all end at once. Unlike the leader's stamps,
+/// which anchor again at each new term (the voters found that clock sound), nothing moves
+/// the anchor past the bound: a node started with its clock wrong keeps deciding alone by
+/// that reading, at the monotonic rate, until it restarts (docs/decisions/026).
 pub struct LocalTime {
     clock: Arc<dyn Clock>,
     bound_us: u64,
-    vouch: Vouch,
     /// The last time that was the wall clock, and the monotonic reading then.
     anchor: Mutex<(u64, u64)>,
 }
 
 impl LocalTime {
     /// Time read from `clock`, bounded by `bound`, anchored at the wall clock now.
-    pub fn new(clock: Arc<dyn Clock>, bound: Duration, vouch: Vouch) -> Self {
+    pub fn new(clock: Arc<dyn Clock>, bound: Duration) -> Self {
         let anchor = (clock.wall_us(), clock.monotonic_us());
         Self {
             clock,
             bound_us: u64::try_from(bound.as_micros()).unwrap_or(u64::MAX),
-            vouch,
             anchor: Mutex::new(anchor),
         }
     }
 
-    /// The machine's clocks, bounded by `bound`; nothing vouches for the wall clock beyond
-    /// the bound (tools and tests that run no fleet).
+    /// The machine's clocks, bounded by `bound`.
     pub fn system(bound: Duration) -> Self {
-        Self::new(Arc::new(SystemClock::default()), bound, Box::new(|| false))
+        Self::new(Arc::new(SystemClock), bound)
     }
 
     /// The time now, in microseconds since the Unix epoch.
     pub fn now_us(&self) -> u64 {
-        let (wall_us, monotonic_us) = (self.clock.wall_us(), self.clock.monotonic_us());
         let mut anchor = crate::lock::lock(&self.anchor);
+        // Read under the lock, so no caller anchors on a reading older than the anchor.
+        let (wall_us, monotonic_us) = (self.clock.wall_us(), self.clock.monotonic_us());
         let elapsed_us = monotonic_us.saturating_sub(anchor.1);
         let (now_us, within) = bounded_stamp(wall_us, anchor.0, elapsed_us, self.bound_us);
-        if within || (self.vouch)() {
+        if within {
             *anchor = (wall_us, monotonic_us);
-            return wall_us;
         }
         now_us
     }
@@ -178,15 +178,15 @@ mod tests {
     const BOUND: Duration = Duration::from_millis(500);
     const MINUTE_US: i64 = 60_000_000;
 
-    fn time(vouched: bool) -> (Arc<ManualClock>, LocalTime) {
+    fn time() -> (Arc<ManualClock>, LocalTime) {
         let clock = Arc::new(ManualClock::new(T0_US));
-        let time = LocalTime::new(clock.clone(), BOUND, Box::new(move || vouched));
+        let time = LocalTime::new(clock.clone(), BOUND);
         (clock, time)
     }
 
     #[test]
     fn a_sound_wall_clock_is_the_time() {
-        let (clock, time) = time(false);
+        let (clock, time) = time();
         assert_eq!(time.now_us(), T0_US);
         clock.advance(Duration::from_secs(3));
         clock.step_wall(200_000); // within the bound
@@ -195,7 +195,7 @@ mod tests {
 
     #[test]
     fn a_wall_clock_set_90_minutes_either_way_moves_the_time_at_the_monotonic_rate() {
-        let (clock, time) = time(false);
+        let (clock, time) = time();
         clock.advance(Duration::from_secs(1));
         clock.step_wall(90 * MINUTE_US);
         assert_eq!(
@@ -209,7 +209,9 @@ mod tests {
             T0_US + 3_000_000 + 500_000,
             "on at the monotonic rate"
         );
-        // Set back past where it was: the time still moves on, a bound behind.
+        // Set back past where it was: a bound behind the monotonic time, where it was a
+        // bound ahead (the engine's state clock, which never goes back, waits out those
+        // 2 bounds), then on at the monotonic rate.
         clock.step_wall(-180 * MINUTE_US);
         clock.advance(Duration::from_secs(1));
         assert_eq!(time.now_us(), T0_US + 4_000_000 - 500_000);
@@ -220,9 +222,10 @@ mod tests {
     }
 
     #[test]
-    fn a_wall_clock_the_fleet_vouches_for_is_followed_wherever_it_is() {
-        let (clock, time) = time(true);
-        clock.step_wall(90 * MINUTE_US);
-        assert_eq!(time.now_us(), T0_US + 90 * MINUTE_US as u64);
+    fn a_wall_clock_wrong_from_the_start_is_kept_at_the_monotonic_rate() {
+        let (clock, time) = time();
+        clock.step_wall(-90 * MINUTE_US); // set right after the start
+        clock.advance(Duration::from_secs(10));
+        assert_eq!(time.now_us(), T0_US + 10_000_000 - 500_000);
     }
 }

@@ -20,7 +20,7 @@ use crate::api::admin::AdminService;
 use crate::api::drain::DrainGate;
 use crate::api::validate::RequestDefaults;
 use crate::api::FleetService;
-use crate::clock::{LocalTime, SystemClock};
+use crate::clock::LocalTime;
 use crate::config::NodeConfig;
 use crate::envoy::EnvoyService;
 use crate::limits;
@@ -186,22 +186,6 @@ fn sync_dir(path: &Path) -> Result<(), StartError> {
     })
 }
 
-/// The time both local engines decide by: the machine's clocks, bounded by
-/// `max_clock_offset`, following the wall clock beyond the bound only while the fleet's
-/// median vouches for it (`clock::LocalTime`).
-fn local_time(clock: &ClockView, max_clock_offset: Duration) -> Arc<LocalTime> {
-    let view = clock.clone();
-    let vouch = Box::new(move || {
-        view.estimate()
-            .is_some_and(|estimate| estimate.offset_us.unsigned_abs() <= view.bound_us())
-    });
-    Arc::new(LocalTime::new(
-        Arc::new(SystemClock::default()),
-        max_clock_offset,
-        vouch,
-    ))
-}
-
 /// Opens `state.sled`; sled's errors and panics name it.
 fn open_sled(path: &Path) -> Result<SledDisk, StartError> {
     let reason = match unless_panic(|| SledDisk::open(path, SLED_CACHE_BYTES)) {
@@ -312,7 +296,8 @@ pub async fn start(config: NodeConfig, listeners: Listeners) -> Result<RunningNo
         Duration::from_millis(config.max_clock_offset_ms)
     };
     let clock = ClockView::new(config.node_id, max_clock_offset);
-    let local_time = local_time(&clock, max_clock_offset);
+    // Both local engines decide by it (docs/decisions/026, addendum).
+    let local_time = Arc::new(LocalTime::system(max_clock_offset));
     let local = LocalEngine::open(
         &config.data_dir.join(NODE_SCOPE_JOURNAL),
         config.node_id,

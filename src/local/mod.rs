@@ -1,6 +1,7 @@
 //! The node's own decisions, without Raft: node-local GCRA buckets (memory) and a claim
 //! index (memory, and on disk in a [`journal`] written on every change). The same rules as the fleet
-//! ([`crate::state::rules`]) run here on the node's wall clock instead of a log entry's stamp.
+//! ([`crate::state::rules`]) run here on the node's own time ([`crate::clock::LocalTime`]: its
+//! wall clock, bounded by its monotonic clock) instead of a log entry's stamp.
 //!
 //! Two engines use this: node scope (contract §8, journal `node-claims.journal`) and the
 //! local fallback when the fleet does not answer in time (contract §7, journal
@@ -79,9 +80,10 @@ impl LocalEngine {
         })
     }
 
-    /// The time the engine decides by now (its state's clock never goes back from it).
+    /// The time the engine decides by now: its state's clock, moved to the local time
+    /// (it never goes back).
     pub fn now_us(&self) -> u64 {
-        self.time.now_us()
+        self.now().1
     }
 
     /// Waits until every claim change so far is on disk (before answering a settle).
@@ -458,8 +460,8 @@ pub(crate) mod tests {
     }
 
     /// A node-scope bucket of 10 at once refilling 10 per second, and a claim pending for
-    /// a minute, on an engine whose wall clock is set 90 minutes forward and then back
-    /// (nothing vouches for it): the bucket refills at the monotonic clock's rate through
+    /// a minute, on an engine whose wall clock is set 90 minutes forward and then back:
+    /// the bucket refills at the monotonic clock's rate through
     /// both steps, and the claim stays pending until its minute is up. Before the engine
     /// bounded its time, the forward step ended the claim at once, and the step back froze
     /// the bucket for 90 minutes.
@@ -468,7 +470,7 @@ pub(crate) mod tests {
         const MINUTE_US: i64 = 60_000_000;
         let dir = tempfile::tempdir().expect("tempdir");
         let clock = Arc::new(ManualClock::new(1_800_000_000_000_000));
-        let time = Arc::new(LocalTime::new(clock.clone(), BOUND, Box::new(|| false)));
+        let time = Arc::new(LocalTime::new(clock.clone(), BOUND));
         let engine = LocalEngine::open(&dir.path().join("claims.journal"), 1, time).expect("open");
         let bucket = [charge(tenant(Kind::Hooks, "t"), 100_000)];
         let drain = || {

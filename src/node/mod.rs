@@ -650,8 +650,10 @@ impl Node {
     /// How far a bucket's TAT is ahead of now on this node's replica (0: the bucket is
     /// full): what an Envoy answer reports as left and as the time until reset.
     pub fn bucket_ahead_us(&self, bucket: &crate::state::BucketKey) -> u64 {
+        // The node's own time (read before the replica's lock: the engine's lock is its own).
+        let local_us = self.local.now_us();
         let applied = self.state.lock();
-        let now_us = crate::clock::wall_clock_us().max(applied.state.clock_us());
+        let now_us = local_us.max(applied.state.clock_us());
         applied
             .state
             .bucket_tat_us(bucket)
