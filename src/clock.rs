@@ -11,7 +11,7 @@
 
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 /// The fault-injection offset, in microseconds (0 unless a fault set it).
 static FAULT_OFFSET_US: AtomicI64 = AtomicI64::new(0);
@@ -52,17 +52,28 @@ pub trait Clock: Send + Sync {
     fn monotonic_us(&self) -> u64;
 }
 
-/// The machine's clocks: the wall clock with the fault-injection offset, and
-/// `CLOCK_BOOTTIME`, which (unlike `Instant`'s `CLOCK_MONOTONIC`) also counts the time the
-/// machine was suspended, so a resumed node's wall clock does not look stepped.
-#[derive(Default)]
-pub struct SystemClock;
+/// The machine's clocks: the wall clock with the fault-injection offset, and as the
+/// monotonic clock `CLOCK_BOOTTIME` where there is one (Linux), which unlike `Instant`'s
+/// `CLOCK_MONOTONIC` also counts the time the machine was suspended, so a resumed node's
+/// wall clock does not look stepped; elsewhere `Instant`.
+pub struct SystemClock {
+    origin: Instant,
+}
+
+impl Default for SystemClock {
+    fn default() -> Self {
+        Self {
+            origin: Instant::now(),
+        }
+    }
+}
 
 impl Clock for SystemClock {
     fn wall_us(&self) -> u64 {
         wall_clock_us()
     }
 
+    #[cfg(target_os = "linux")]
     fn monotonic_us(&self) -> u64 {
         let mut now = libc::timespec {
             tv_sec: 0,
@@ -70,13 +81,19 @@ impl Clock for SystemClock {
         };
         // SAFETY: clock_gettime writes one timespec, which `now` is, and reads nothing else.
         let rc = unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut now) };
+        // It cannot fail on Linux since 2.6.39 with a valid pointer; were it to, `origin`
+        // still moves on, though from another origin (one step, then at the right rate).
         if rc != 0 {
-            // Never on Linux since 2.6.39; a clock that does not move keeps the bound.
-            return 0;
+            return u64::try_from(self.origin.elapsed().as_micros()).unwrap_or(u64::MAX);
         }
         let secs = u64::try_from(now.tv_sec).unwrap_or(0);
         let nanos = u64::try_from(now.tv_nsec).unwrap_or(0);
         secs.saturating_mul(1_000_000).saturating_add(nanos / 1_000)
+    }
+
+    #[cfg(not(target_os = "linux"))]
+    fn monotonic_us(&self) -> u64 {
+        u64::try_from(self.origin.elapsed().as_micros()).unwrap_or(u64::MAX)
     }
 }
 
@@ -136,14 +153,15 @@ impl Clock for ManualClock {
 pub struct LocalTime {
     clock: Arc<dyn Clock>,
     bound_us: u64,
-    /// The last time that was the wall clock, and the monotonic reading then.
-    anchor: Mutex<(u64, u64)>,
+    /// The last time that was the wall clock, the monotonic reading then, and whether the
+    /// wall clock is past the bound now (said once in the log as it goes and comes back).
+    anchor: Mutex<(u64, u64, bool)>,
 }
 
 impl LocalTime {
     /// Time read from `clock`, bounded by `bound`, anchored at the wall clock now.
     pub fn new(clock: Arc<dyn Clock>, bound: Duration) -> Self {
-        let anchor = (clock.wall_us(), clock.monotonic_us());
+        let anchor = (clock.wall_us(), clock.monotonic_us(), false);
         Self {
             clock,
             bound_us: u64::try_from(bound.as_micros()).unwrap_or(u64::MAX),
@@ -153,7 +171,7 @@ impl LocalTime {
 
     /// The machine's clocks, bounded by `bound`.
     pub fn system(bound: Duration) -> Self {
-        Self::new(Arc::new(SystemClock), bound)
+        Self::new(Arc::new(SystemClock::default()), bound)
     }
 
     /// The time now, in microseconds since the Unix epoch.
@@ -164,7 +182,19 @@ impl LocalTime {
         let elapsed_us = monotonic_us.saturating_sub(anchor.1);
         let (now_us, within) = bounded_stamp(wall_us, anchor.0, elapsed_us, self.bound_us);
         if within {
-            *anchor = (wall_us, monotonic_us);
+            if anchor.2 {
+                tracing::info!("local time: the wall clock is back within max_clock_offset_ms");
+            }
+            *anchor = (wall_us, monotonic_us, false);
+        } else if !anchor.2 {
+            anchor.2 = true;
+            let off_ms = i128::from(wall_us) - i128::from(now_us);
+            tracing::warn!(
+                off_ms = off_ms / 1_000,
+                "local time: the wall clock stepped past max_clock_offset_ms; this node's own \
+                 decisions (node scope, fallback) go on at the monotonic rate until it comes \
+                 back, or until a restart takes the wall clock as it is then"
+            );
         }
         now_us
     }

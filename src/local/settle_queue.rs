@@ -104,19 +104,22 @@ impl SettleQueue {
     /// Moves the settles of the legacy sled tree into the journal, oldest first, once:
     /// synced, then the marker `moved` written and synced, then the tree dropped. A crash
     /// before the marker moves them again on the next start (the same settles queued
-    /// twice: applied twice at worst, the same hook with the same outcome); after it the
-    /// tree is never read again, so nothing sled brings back of it (it may, from a damaged
-    /// file: docs/storage.md) is queued again.
+    /// twice: applied twice at worst, the same hook with the same outcome). With the
+    /// marker there, an empty tree (a crash before its drop) is dropped, and settles in it
+    /// refuse the start ([`LocalError::MovedTwice`]): a node of the previous version ran
+    /// here since and answered `QUEUED` for them, or sled brought a dropped tree back from
+    /// a damaged file (docs/storage.md); applying them, or not, could each be wrong.
     fn move_legacy(&self, disk: &SledDisk, moved: &Path) -> Result<(), LocalError> {
-        if moved.exists() {
-            return Ok(());
-        }
+        let marker = |source| LocalError::Marker {
+            path: moved.to_owned(),
+            source,
+        };
         let names = unless_panic(|| disk.db().tree_names()).map_err(LocalError::QueuePanicked)?;
         if !names
             .iter()
             .any(|name| name.as_ref() == LEGACY_TREE.as_bytes())
         {
-            return Ok(()); // a node that never had the sled queue: nothing to move
+            return Ok(()); // no sled queue: nothing to move
         }
         let legacy = unless_panic(|| {
             disk.db()
@@ -125,9 +128,20 @@ impl SettleQueue {
                 .and_then(|tree| legacy_settles(&tree))
         })
         .map_err(LocalError::QueuePanicked)??;
-        self.push_blocking(&legacy)?;
-        std::fs::File::create(moved).and_then(|file| file.sync_all())?;
-        crate::storage::sync_dir(crate::storage::parent_dir(moved))?;
+        if moved.try_exists().map_err(marker)? {
+            if !legacy.is_empty() {
+                return Err(LocalError::MovedTwice {
+                    settles: legacy.len(),
+                    marker: moved.to_owned(),
+                });
+            }
+        } else {
+            self.push_blocking(&legacy)?;
+            std::fs::File::create(moved)
+                .and_then(|file| file.sync_all())
+                .and_then(|()| crate::storage::sync_dir(crate::storage::parent_dir(moved)))
+                .map_err(marker)?;
+        }
         unless_panic(|| disk.db().drop_tree(LEGACY_TREE)).map_err(LocalError::QueuePanicked)??;
         disk.flush_to_disk()?;
         tracing::info!(
@@ -347,10 +361,22 @@ mod tests {
             assert!(!has_legacy_tree(&disk), "the legacy tree is dropped");
             assert!(dir.path().join(SETTLE_QUEUE_MOVED).exists(), "the marker");
         }
-        // A tree sled brings back (from a damaged file) is never read again.
+        // Settles in the tree again (a node of the previous version ran here since, or
+        // sled brought the tree back): not moved twice, not dropped either, the start
+        // refused; an empty tree is dropped.
         legacy(dir.path(), &[(7, &a), (9, &b)]);
-        let (queue, _disk) = open(dir.path());
+        let disk = sled(dir.path());
+        let refused = SettleQueue::open(&dir.path().join(SETTLE_QUEUE_JOURNAL), &disk);
+        assert!(
+            matches!(refused, Err(LocalError::MovedTwice { settles: 2, .. })),
+            "{:?}",
+            refused.err()
+        );
+        disk.db().drop_tree(LEGACY_TREE).expect("drop");
+        disk.db().open_tree(LEGACY_TREE).expect("an empty tree");
+        let queue = SettleQueue::open(&dir.path().join(SETTLE_QUEUE_JOURNAL), &disk).expect("open");
         assert_eq!(outcomes(&queue), vec![a, b], "moved once, not twice");
+        assert!(!has_legacy_tree(&disk), "the empty tree is dropped");
     }
 
     #[test]
