@@ -12,7 +12,7 @@
 //!    [`state::Command`], encoded once ([`state::EncodedCommand`]: every later hop carries
 //!    those bytes) and queued on the [`node::propose::Proposer`], and a fleet that does not
 //!    answer in time is answered for by [`local::Fallback`].
-//! 3. The batcher drains the queue into one batch; [`node::propose::Router`] commits it:
+//! 3. The batcher drains the queue into one batch; [`node::router::Router`] commits it:
 //!    on the leader as one `Raft::client_write` of a [`state::FleetRequest`] stamped with the
 //!    leader's clock; on a follower as one `Propose` frame on the peer's `Exchange` stream
 //!    ([`raft::network::PeerClients::propose`]) that the leader's

@@ -16,6 +16,7 @@ pub mod order;
 pub mod propose;
 pub mod request;
 pub mod route;
+pub mod router;
 mod turns;
 
 use crate::local::settle_queue::QueuedSettle;

@@ -1,36 +1,6 @@
 use super::*;
 use crate::state::{Command, HookId, SettleOutcome};
 
-const BOUND_US: u64 = 500_000;
-const T0_US: u64 = 1_800_000_000_000_000;
-const MINUTE_US: u64 = 60_000_000;
-
-#[test]
-fn a_sound_wall_clock_is_the_stamp_and_the_next_anchor() {
-    // 10 ms of monotonic time, the wall clock 10.3 ms on: within the bound.
-    assert_eq!(
-        bounded_stamp(T0_US + 10_300, T0_US, 10_000, BOUND_US),
-        (T0_US + 10_300, true)
-    );
-}
-
-#[test]
-fn a_wall_clock_that_jumps_either_way_moves_the_stamps_at_the_monotonic_rate() {
-    // 90 minutes ahead: the stamp is the anchor plus the elapsed time plus the bound,
-    // and the anchor stays, so the next stamp is not a bound further on.
-    let (ahead, within) = bounded_stamp(T0_US + 90 * MINUTE_US, T0_US, 1_000, BOUND_US);
-    assert_eq!((ahead, within), (T0_US + 1_000 + BOUND_US, false));
-    let (later, _) = bounded_stamp(T0_US + 90 * MINUTE_US, T0_US, 2_000_000, BOUND_US);
-    assert_eq!(
-        later,
-        T0_US + 2_000_000 + BOUND_US,
-        "a bound ahead, not two"
-    );
-    // 90 minutes back: the fleet's time still advances with the monotonic clock.
-    let (behind, within) = bounded_stamp(T0_US - 90 * MINUTE_US, T0_US, 3_000_000, BOUND_US);
-    assert_eq!((behind, within), (T0_US + 3_000_000 - BOUND_US, false));
-}
-
 fn limits(linger_us: u64) -> BatchLimits {
     BatchLimits {
         batch_commands_max: 100,
