@@ -14,7 +14,7 @@ use super::{Budget, ConnectionLimits, ConnectionState, Guarded};
 
 /// The connections a Unix socket `listener` accepts, within `limits` (every one comes from
 /// this host: there is no source to count by). Their calls are marked by any
-/// [`CallsLayer`] (the connection rides in its connect info).
+/// [`CallsLayer`](super::CallsLayer) (the connection rides in its connect info).
 pub fn incoming_unix(
     listener: UnixListener,
     limits: ConnectionLimits,
