@@ -11,11 +11,8 @@ use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
-use tonic::transport::Server;
 
-use crate::accept::{
-    incoming, incoming_unix, CallsLayer, ConnectionLimits, MemberSources, UnixSocket,
-};
+use crate::accept::{MemberSources, UnixSocket};
 use crate::api::admin::AdminService;
 use crate::api::drain::DrainGate;
 use crate::api::validate::RequestDefaults;
@@ -23,7 +20,6 @@ use crate::api::FleetService;
 use crate::clock::LocalTime;
 use crate::config::NodeConfig;
 use crate::envoy::EnvoyService;
-use crate::limits;
 use crate::local::reconcile;
 use crate::local::Fallback;
 use crate::local::LocalEngine;
@@ -44,7 +40,12 @@ use crate::storage::layout::{NODE_SCOPE_JOURNAL, RAFT_LOG_FILE, RESTORE_MARKER, 
 use crate::storage::sled_disk::SledDisk;
 use crate::storage::unless_panic;
 use crate::tls::{ApiTls, PeerTls};
-use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer;
+mod follow;
+mod serve;
+
+use follow::{follow_members, follow_raft};
+use serve::{serve_api, serve_peers};
+
 /// sled's page cache (default 1 GiB): it holds the latest snapshot and the node-scope and
 /// fallback claim indexes, all read rarely; the live state is in memory already.
 const SLED_CACHE_BYTES: u64 = 64 * 1024 * 1024;
@@ -247,26 +248,7 @@ pub async fn start(config: NodeConfig, listeners: Listeners) -> Result<RunningNo
         tracing::warn!(api_addr = %config.api_addr, "insecure_edge_api = true: edge clients are not authenticated; anyone who reaches api_addr can spend, reset and claim for every tenant");
     }
     // The limits file is checked before anything touches the data dir.
-    let envoy_limits = Arc::new(match &config.rate_limits_file {
-        Some(path) => {
-            let limits = crate::envoy::limits::Limits::load(path)?;
-            let capacity_us_max = config.ceilings.capacity_us_max;
-            if limits.longest_unit_us() > capacity_us_max {
-                return Err(StartError::RateLimitUnit {
-                    unit_us: limits.longest_unit_us(),
-                    capacity_us_max,
-                });
-            }
-            tracing::info!(path = %path.display(), domains = limits.domains(), "Envoy rate limits loaded");
-            limits
-        }
-        None => {
-            tracing::info!(
-                "no rate_limits_file: Envoy's ShouldRateLimit answers OK to every descriptor"
-            );
-            crate::envoy::limits::Limits::default()
-        }
-    });
+    let envoy_limits = Arc::new(envoy_limits(&config)?);
     if config.data_dir.join(RESTORE_MARKER).exists() {
         return Err(StartError::RestoreIncomplete {
             path: config.data_dir.display().to_string(),
@@ -456,6 +438,27 @@ pub async fn start(config: NodeConfig, listeners: Listeners) -> Result<RunningNo
     })
 }
 
+/// Envoy's rate limits from `rate_limits_file` (none: every descriptor answers OK),
+/// checked against the state's ceilings.
+fn envoy_limits(config: &NodeConfig) -> Result<crate::envoy::limits::Limits, StartError> {
+    let Some(path) = &config.rate_limits_file else {
+        tracing::info!(
+            "no rate_limits_file: Envoy's ShouldRateLimit answers OK to every descriptor"
+        );
+        return Ok(crate::envoy::limits::Limits::default());
+    };
+    let limits = crate::envoy::limits::Limits::load(path)?;
+    let capacity_us_max = config.ceilings.capacity_us_max;
+    if limits.longest_unit_us() > capacity_us_max {
+        return Err(StartError::RateLimitUnit {
+            unit_us: limits.longest_unit_us(),
+            capacity_us_max,
+        });
+    }
+    tracing::info!(path = %path.display(), domains = limits.domains(), "Envoy rate limits loaded");
+    Ok(limits)
+}
+
 /// On a pristine node listed among the initial members, proposes the initial membership.
 /// Every initial member does this; openraft makes repeats with the same config safe, so
 /// the cluster forms exactly once whatever order the nodes start in.
@@ -496,336 +499,6 @@ fn request_defaults(config: &NodeConfig) -> RequestDefaults {
         claim_ttl_ms: config.claim_ttl_ms_default,
         ceilings: config.ceilings,
     }
-}
-
-/// A server with [`CallsLayer`] around its services.
-type Layered = tower::layer::util::Stack<CallsLayer, tower::layer::util::Identity>;
-
-/// A server builder with the limits both servers share, `calls` marking the calls on
-/// their connections, and `tls`, if any.
-fn server_builder(
-    tls: Option<tonic::transport::ServerTlsConfig>,
-    streams_per_connection_max: u32,
-    calls_per_connection_max: usize,
-    calls: CallsLayer,
-) -> Result<Server<Layered>, StartError> {
-    let builder = Server::builder()
-        .max_concurrent_streams(streams_per_connection_max)
-        .concurrency_limit_per_connection(calls_per_connection_max)
-        .http2_max_header_list_size(limits::HEADER_LIST_BYTES_MAX)
-        .timeout(limits::CALL_TIMEOUT_MAX)
-        .layer(calls);
-    match tls {
-        Some(tls) => builder
-            .tls_config(tls)
-            .map_err(|e| StartError::Tls(crate::tls::TlsError::Config(e.to_string()))),
-        None => Ok(builder),
-    }
-}
-
-/// `raft_addr`: the `Peer` service and `Admin`, behind `[peer_tls]` when configured.
-fn serve_peers(
-    peer: PeerService,
-    admin: AdminService,
-    tls: Option<&PeerTls>,
-    (listener, members): (TcpListener, MemberSources),
-    stopped: watch::Receiver<bool>,
-) -> Result<impl std::future::Future<Output = ()> + Send + 'static, StartError> {
-    let before_reading = peer.before_reading();
-    let peer = pb::internal::peer_server::PeerServer::new(peer)
-        .max_decoding_message_size(limits::PEER_MESSAGE_BYTES_MAX)
-        .max_encoding_message_size(limits::PEER_MESSAGE_BYTES_MAX);
-    let peer = tonic::service::interceptor::InterceptedService::new(peer, before_reading);
-    let admin = pb::internal::admin_server::AdminServer::new(admin)
-        .max_decoding_message_size(limits::API_MESSAGE_BYTES_MAX);
-    let connections = ConnectionLimits {
-        connections_max: limits::PEER_CONNECTIONS_MAX,
-        per_source_max: limits::PEER_CONNECTIONS_PER_SOURCE_MAX,
-        unproven_max: limits::PEER_UNPROVEN_CONNECTIONS_MAX,
-        unproven_per_source_max: limits::PEER_UNPROVEN_PER_SOURCE_MAX,
-        first_call_timeout: limits::FIRST_CALL_TIMEOUT,
-        idle_timeout: limits::PEER_IDLE_TIMEOUT,
-        member_connections_max: limits::PEER_MEMBER_CONNECTIONS_MAX,
-    };
-    let (incoming, calls) = incoming(listener, connections, members);
-    let mut builder = server_builder(
-        tls.map(PeerTls::server),
-        limits::PEER_STREAMS_PER_CONNECTION_MAX,
-        limits::PEER_CALLS_PER_CONNECTION_MAX,
-        calls,
-    )?;
-    let router = builder.add_service(peer).add_service(admin);
-    Ok(serve(router, incoming, stopped, "raft"))
-}
-
-/// `api_addr`: `Fleet` and health for the edge, TLS only under `[api_tls]`; and the same
-/// services on `api_socket`, without TLS, when it is configured.
-fn serve_api(
-    fleet: FleetService,
-    envoy: EnvoyService,
-    health: tonic_health::pb::health_server::HealthServer<
-        impl tonic_health::pb::health_server::Health,
-    >,
-    tls: Option<&ApiTls>,
-    (listener, socket): (TcpListener, Option<UnixSocket>),
-    stopped: watch::Receiver<bool>,
-) -> Result<impl std::future::Future<Output = ()> + Send + 'static, StartError> {
-    // `HitBatch` with a frame's transport limit, every other method with one hit's.
-    let fleet = crate::api::batch::FleetRoutes::new(fleet);
-    let envoy =
-        RateLimitServiceServer::new(envoy).max_decoding_message_size(limits::API_MESSAGE_BYTES_MAX);
-    let router = |tls: Option<tonic::transport::ServerTlsConfig>, calls: CallsLayer| {
-        Ok::<_, StartError>(
-            server_builder(
-                tls,
-                limits::API_STREAMS_PER_CONNECTION_MAX,
-                limits::API_CALLS_PER_CONNECTION_MAX,
-                calls,
-            )?
-            .add_service(health.clone())
-            .add_service(fleet.clone())
-            .add_service(envoy.clone())
-            .add_service(reflection::v1()?)
-            .add_service(reflection::v1alpha()?),
-        )
-    };
-    let connections = ConnectionLimits {
-        connections_max: limits::API_CONNECTIONS_MAX,
-        per_source_max: limits::API_CONNECTIONS_PER_SOURCE_MAX,
-        unproven_max: limits::API_UNPROVEN_CONNECTIONS_MAX,
-        unproven_per_source_max: limits::API_UNPROVEN_PER_SOURCE_MAX,
-        first_call_timeout: limits::FIRST_CALL_TIMEOUT,
-        idle_timeout: limits::API_IDLE_TIMEOUT,
-        member_connections_max: 0,
-    };
-    let (incoming_tcp, calls) = incoming(listener, connections, MemberSources::default());
-    let tcp = serve(
-        router(tls.map(ApiTls::server), calls)?,
-        incoming_tcp,
-        stopped.clone(),
-        "api",
-    );
-    let unix = match socket {
-        Some(UnixSocket { listener, file }) => {
-            let served = serve(
-                // The connection rides in the connect info: no registry is needed.
-                router(None, CallsLayer::default())?,
-                incoming_unix(listener, connections),
-                stopped,
-                "api_socket",
-            );
-            Some(async move {
-                // Removed once the server is done with it.
-                let _file = file;
-                served.await;
-            })
-        }
-        None => None,
-    };
-    Ok(async move {
-        match unix {
-            Some(unix) => drop(tokio::join!(tcp, unix)),
-            None => tcp.await,
-        }
-    })
-}
-
-/// gRPC reflection on `api_addr`, so grpcurl and other reflection clients need no proto
-/// files: the edge API, Envoy's rate limit service and health, in both versions of the
-/// reflection protocol clients use.
-mod reflection {
-    use super::StartError;
-    use crate::pb;
-
-    fn builder() -> tonic_reflection::server::Builder<'static> {
-        tonic_reflection::server::Builder::configure()
-            .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
-            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
-            .register_encoded_file_descriptor_set(pb::ENVOY_RLS_DESCRIPTOR_SET)
-    }
-
-    fn failed(e: tonic_reflection::server::Error) -> StartError {
-        StartError::Reflection(e.to_string())
-    }
-
-    pub(super) fn v1() -> Result<
-        tonic_reflection::pb::v1::server_reflection_server::ServerReflectionServer<
-            impl tonic_reflection::pb::v1::server_reflection_server::ServerReflection,
-        >,
-        StartError,
-    > {
-        builder().build_v1().map_err(failed)
-    }
-
-    pub(super) fn v1alpha() -> Result<
-        tonic_reflection::pb::v1alpha::server_reflection_server::ServerReflectionServer<
-            impl tonic_reflection::pb::v1alpha::server_reflection_server::ServerReflection,
-        >,
-        StartError,
-    > {
-        builder().build_v1alpha().map_err(failed)
-    }
-}
-
-/// Serves `router` on the connections `incoming` yields, until `stopped`.
-async fn serve<IO>(
-    router: tonic::transport::server::Router<Layered>,
-    incoming: impl futures::Stream<Item = std::io::Result<IO>> + Send + 'static,
-    stopped: watch::Receiver<bool>,
-    server: &'static str,
-) where
-    IO: tokio::io::AsyncRead
-        + tokio::io::AsyncWrite
-        + tonic::transport::server::Connected
-        + Unpin
-        + Send
-        + 'static,
-{
-    let served = router
-        .serve_with_incoming_shutdown(incoming, until_stopped(stopped))
-        .await;
-    if let Err(e) = served {
-        tracing::error!(error = %e, server, "server stopped");
-    }
-}
-
-/// How often `follow_members` looks at the membership.
-const FOLLOW_MEMBERS_EVERY: Duration = Duration::from_secs(1);
-
-/// Keeps `members` (the addresses with connection places of their own on `raft_addr`) to
-/// the current membership, voters and learners, plus the config's initial members (set
-/// before): a member the config lists keeps its places while it is being added.
-async fn follow_members(
-    raft: Raft,
-    members: MemberSources,
-    initial: Vec<String>,
-    mut stopped: watch::Receiver<bool>,
-) {
-    let metrics = raft.metrics();
-    let mut seen = None;
-    let mut tick = tokio::time::interval(FOLLOW_MEMBERS_EVERY);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        {
-            let now = metrics.borrow();
-            let membership = &now.membership_config;
-            if seen != Some(*membership.log_id()) {
-                seen = Some(*membership.log_id());
-                let current = membership.nodes().map(|(_, node)| node.raft_addr.as_str());
-                // Each member once (the initial ones are in the membership too, mostly).
-                let all: std::collections::BTreeSet<&str> =
-                    current.chain(initial.iter().map(String::as_str)).collect();
-                members.set(all);
-            }
-        }
-        tokio::select! {
-            _ = tick.tick() => {}
-            _ = stopped.changed() => return,
-        }
-    }
-}
-
-/// How often `follow_raft` reads openraft's metrics.
-const FOLLOW_RAFT_EVERY: Duration = Duration::from_millis(100);
-
-/// Follows openraft's metrics while the node runs: the Raft gauges (`raft::gauges`), and
-/// the health of `ankusa.fleet.v1.Fleet`, `SERVING` only while this node knows a leader
-/// (and, when it leads, a quorum acknowledged it within `lease`) and is not draining, so a
-/// load balancer can prefer nodes in touch with the fleet. The
-/// overall health ("") stays `SERVING` until the drain: the node can always answer its
-/// edge, from its own state if it must.
-///
-/// A Raft core that stops while the node has not been told to stop (a fatal storage
-/// error, a panic, `stop_raft_core`) ends the following: `Fleet` turns `NOT_SERVING`,
-/// `ankusa_raft_core_running` 0, and `core_stopped` gets the reason, on which the process
-/// drains and exits ([`RunningNode::raft_core_stopped`]). A node without its core would
-/// otherwise stay up, frozen at its last applied entry, and look healthy.
-async fn follow_raft(
-    raft: Raft,
-    node_id: crate::raft::NodeId,
-    lease: Duration,
-    health: tonic_health::server::HealthReporter,
-    gate: DrainGate,
-    core_stopped: watch::Sender<Option<String>>,
-    mut stopped: watch::Receiver<bool>,
-) {
-    type Fleet = pb::fleet_server::FleetServer<FleetService>;
-    let metrics = raft.metrics();
-    let mut gauges = crate::raft::gauges::Gauges::default();
-    let mut serving = None;
-    // When this node began to lead, and in which term: a new leader has heard from no
-    // quorum yet (openraft says `None`), which is not being cut off.
-    let mut leading_since: Option<(u64, tokio::time::Instant)> = None;
-    // openraft publishes its metrics on every turn of its loop, thousands of times a
-    // second under load: they are read on a tick instead.
-    let mut tick = tokio::time::interval(FOLLOW_RAFT_EVERY);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    crate::raft::gauges::export_core_running(true);
-    loop {
-        metrics::gauge!("ankusa_edge_calls_in_flight").set(gate.in_flight() as f64);
-        if reported_core_stop(&metrics, &health, &core_stopped, &stopped).await {
-            return;
-        }
-        let leader_known = {
-            let now = metrics.borrow();
-            gauges.export(&now, node_id);
-            if now.current_leader != Some(node_id) {
-                leading_since = None;
-            } else if leading_since.is_none_or(|(term, _)| term != now.current_term) {
-                leading_since = Some((now.current_term, tokio::time::Instant::now()));
-            }
-            let heard_from_quorum = match now.millis_since_quorum_ack {
-                Some(ms) => u128::from(ms) < lease.as_millis(),
-                None => leading_since.is_some_and(|(_, since)| since.elapsed() < lease),
-            };
-            match now.current_leader {
-                // A leader cut off from its followers keeps calling itself leader (openraft
-                // does not step it down).
-                Some(leader) if leader == node_id => heard_from_quorum,
-                Some(_) => true,
-                None => false,
-            }
-        };
-        let serve = leader_known && !gate.is_draining();
-        if serving != Some(serve) {
-            if serve {
-                health.set_serving::<Fleet>().await;
-                // A drain that began meanwhile has the last word.
-                if gate.is_draining() {
-                    health.set_not_serving::<Fleet>().await;
-                }
-            } else {
-                health.set_not_serving::<Fleet>().await;
-            }
-            serving = Some(serve);
-        }
-        tokio::select! {
-            _ = tick.tick() => {}
-            _ = stopped.changed() => return,
-        }
-    }
-}
-
-/// Reports a Raft core that stopped while this node was not told to stop (its own
-/// shutdown stops Raft too, and that is no failure): `ankusa_raft_core_running` 0, `Fleet`
-/// health `NOT_SERVING`, and the reason to `core_stopped`. True if it reported one.
-async fn reported_core_stop(
-    metrics: &watch::Receiver<crate::raft::gauges::Metrics>,
-    health: &tonic_health::server::HealthReporter,
-    core_stopped: &watch::Sender<Option<String>>,
-    stopped: &watch::Receiver<bool>,
-) -> bool {
-    let Some(why) = crate::raft::gauges::core_stopped(metrics).filter(|_| !*stopped.borrow())
-    else {
-        return false;
-    };
-    crate::raft::gauges::export_core_running(false);
-    tracing::error!(reason = %why, "the Raft core stopped: this node drains and exits");
-    health
-        .set_not_serving::<pb::fleet_server::FleetServer<FleetService>>()
-        .await;
-    core_stopped.send_replace(Some(why));
-    true
 }
 
 impl RunningNode {
