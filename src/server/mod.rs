@@ -30,7 +30,7 @@ use crate::pb;
 use crate::raft::clock_view::{self, ClockView};
 use crate::raft::durability::network::DurableNetwork;
 use crate::raft::faults::Faults;
-use crate::raft::log_store::LogStore;
+use crate::raft::log_store::{DurableLog, LogBytes, LogStore};
 use crate::raft::network::PeerClients;
 use crate::raft::service::PeerService;
 use crate::raft::state_machine::policy::{self, SnapshotPolicy};
@@ -249,43 +249,19 @@ pub async fn start(config: NodeConfig, listeners: Listeners) -> Result<RunningNo
     }
     // The limits file is checked before anything touches the data dir.
     let envoy_limits = Arc::new(envoy_limits(&config)?);
-    if config.data_dir.join(RESTORE_MARKER).exists() {
-        return Err(StartError::RestoreIncomplete {
-            path: config.data_dir.display().to_string(),
-            marker: RESTORE_MARKER.to_owned(),
-        });
-    }
-    open_dir(&config.data_dir)?;
-    let faults = Faults::new(config.fault_injection).planting(config.planted_bug);
-    let log_store = LogStore::open(
-        &config.data_dir.join(RAFT_LOG_FILE),
-        config.node_id,
-        faults.clone(),
-    )
-    .map_err(|e| StartError::LogStore(e.to_string()))?;
-    let durable = log_store.durable();
-    let log_bytes = log_store.log_bytes();
-    let purged = log_store
-        .last_purged()
-        .map_err(|e| StartError::LogStore(e.to_string()))?;
-    let sled_path = config.data_dir.join(STATE_SLED_DIR);
-    let disk = open_sled(&sled_path)?;
-    let state = open_state(&sled_path, &disk, &durable, purged, faults.planted())?;
+    let Stores {
+        faults,
+        log_store,
+        log_bytes,
+        durable,
+        disk,
+        state,
+        max_clock_offset,
+        local_time,
+        local,
+    } = open_stores(&config)?;
     let snapshot_state = state.clone();
-    // The planted `unbounded_clock` plays the fleet before its time was bounded: no bound.
-    let max_clock_offset = if faults.planted() == Some(crate::config::PlantedBug::UnboundedClock) {
-        Duration::MAX
-    } else {
-        Duration::from_millis(config.max_clock_offset_ms)
-    };
     let clock = ClockView::new(config.node_id, max_clock_offset);
-    // Both local engines decide by it (docs/decisions/026, addendum).
-    let local_time = Arc::new(LocalTime::system(max_clock_offset));
-    let local = LocalEngine::open(
-        &config.data_dir.join(NODE_SCOPE_JOURNAL),
-        config.node_id,
-        local_time.clone(),
-    )?;
     let peers = PeerClients::new(&config.cluster_id, config.node_id, faults.clone())
         .with_tls(peer_tls.as_ref().map(PeerTls::client))
         .with_clock(clock.clone());
@@ -435,6 +411,71 @@ pub async fn start(config: NodeConfig, listeners: Listeners) -> Result<RunningNo
         health,
         disk,
         drain_timeout: config.drain_timeout,
+    })
+}
+
+/// What a node keeps on disk, opened: the Raft log and vote, the state machine from its
+/// snapshot, and the node-scope engine on the node's bounded local time.
+struct Stores {
+    faults: Faults,
+    log_store: LogStore,
+    /// The log's size as it grows, for the snapshot policy.
+    log_bytes: LogBytes,
+    durable: DurableLog,
+    disk: SledDisk,
+    state: StateMachineStore,
+    max_clock_offset: Duration,
+    local_time: Arc<LocalTime>,
+    local: LocalEngine,
+}
+
+/// Opens the stores of `config.data_dir` (refused while a restore is incomplete).
+fn open_stores(config: &NodeConfig) -> Result<Stores, StartError> {
+    if config.data_dir.join(RESTORE_MARKER).exists() {
+        return Err(StartError::RestoreIncomplete {
+            path: config.data_dir.display().to_string(),
+            marker: RESTORE_MARKER.to_owned(),
+        });
+    }
+    open_dir(&config.data_dir)?;
+    let faults = Faults::new(config.fault_injection).planting(config.planted_bug);
+    let log_store = LogStore::open(
+        &config.data_dir.join(RAFT_LOG_FILE),
+        config.node_id,
+        faults.clone(),
+    )
+    .map_err(|e| StartError::LogStore(e.to_string()))?;
+    let durable = log_store.durable();
+    let log_bytes = log_store.log_bytes();
+    let purged = log_store
+        .last_purged()
+        .map_err(|e| StartError::LogStore(e.to_string()))?;
+    let sled_path = config.data_dir.join(STATE_SLED_DIR);
+    let disk = open_sled(&sled_path)?;
+    let state = open_state(&sled_path, &disk, &durable, purged, faults.planted())?;
+    // The planted `unbounded_clock` plays the fleet before its time was bounded: no bound.
+    let max_clock_offset = if faults.planted() == Some(crate::config::PlantedBug::UnboundedClock) {
+        Duration::MAX
+    } else {
+        Duration::from_millis(config.max_clock_offset_ms)
+    };
+    // Both local engines decide by it (docs/decisions/026, addendum).
+    let local_time = Arc::new(LocalTime::system(max_clock_offset));
+    let local = LocalEngine::open(
+        &config.data_dir.join(NODE_SCOPE_JOURNAL),
+        config.node_id,
+        local_time.clone(),
+    )?;
+    Ok(Stores {
+        faults,
+        log_store,
+        log_bytes,
+        durable,
+        disk,
+        state,
+        max_clock_offset,
+        local_time,
+        local,
     })
 }
 
