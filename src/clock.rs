@@ -210,6 +210,7 @@ mod tests {
 
     const BOUND_US_U64: u64 = 500_000;
     const MINUTE_US_U64: u64 = 60_000_000;
+
     #[test]
     fn a_sound_wall_clock_is_the_stamp_and_the_next_anchor() {
         // 10 ms of monotonic time, the wall clock 10.3 ms on: within the bound.

@@ -1,4 +1,5 @@
-//! A settle through the node (contract §6): to the fleet within its deadline, or, when the
+//! A settle through the node (contract §6): applied by the node-scope engine (its record
+//! synced first) for node scope; otherwise to the fleet within its deadline or, when the
 //! fleet does not take it in time, applied to the fallback index and written to the
 //! settle queue before it is answered `QUEUED`.
 
@@ -48,7 +49,7 @@ impl Node {
 
     /// A settle the fleet did not take in time: applied to the fallback index (so this node
     /// answers duplicate for its own commit), written to the on-disk queue, answered
-    /// `Queued`; [`reconcile`] retries it until the fleet applies it.
+    /// `Queued`; [`reconcile`](crate::local::reconcile) retries it until the fleet applies it.
     async fn queue_settle(
         &self,
         input: &SettleInput,

@@ -1,6 +1,7 @@
 //! What a running node keeps following: the membership (whose addresses get connection
-//! places of their own on `raft_addr`) and the Raft core (a known leader, a cut-off leader,
-//! a core that stopped), which the health service and the drain gate follow in turn.
+//! places of their own on `raft_addr`), and the Raft core, into the `Fleet` health status
+//! and the Raft gauges (a known leader, a cut-off leader, a core that stopped, which the
+//! process then drains on).
 
 use std::time::Duration;
 
@@ -61,7 +62,7 @@ const FOLLOW_RAFT_EVERY: Duration = Duration::from_millis(100);
 /// A Raft core that stops while the node has not been told to stop (a fatal storage
 /// error, a panic, `stop_raft_core`) ends the following: `Fleet` turns `NOT_SERVING`,
 /// `ankusa_raft_core_running` 0, and `core_stopped` gets the reason, on which the process
-/// drains and exits ([`RunningNode::raft_core_stopped`]). A node without its core would
+/// drains and exits ([`RunningNode::raft_core_stopped`](super::RunningNode::raft_core_stopped)). A node without its core would
 /// otherwise stay up, frozen at its last applied entry, and look healthy.
 pub(super) async fn follow_raft(
     raft: Raft,

@@ -40,6 +40,7 @@ use crate::storage::layout::{NODE_SCOPE_JOURNAL, RAFT_LOG_FILE, RESTORE_MARKER, 
 use crate::storage::sled_disk::SledDisk;
 use crate::storage::unless_panic;
 use crate::tls::{ApiTls, PeerTls};
+
 mod follow;
 mod serve;
 

@@ -1,6 +1,6 @@
 //! The two gRPC servers a node runs: the edge's (`Fleet`, Envoy's rate limit service,
 //! health and reflection) on `api_addr` and its Unix socket, and the peers' (`Peer`,
-//! `Admin`) on `raft_addr`, each with its TLS and its limits.
+//! `Admin`) on `raft_addr`; each with its limits, and TLS where configured.
 
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer;
 use tokio::net::TcpListener;
