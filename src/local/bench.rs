@@ -21,6 +21,7 @@ use crate::codec;
 use crate::state::{ClaimKey, SettleOutcome};
 use crate::storage::layout::{SETTLE_QUEUE_JOURNAL, STATE_SLED_DIR};
 use crate::storage::sled_disk::SledDisk;
+use crate::storage::RemovedOnDrop;
 
 /// What to measure.
 #[derive(Clone, Debug, clap::Args)]
@@ -153,13 +154,4 @@ fn neighbour(path: &std::path::Path, stop: &AtomicBool) -> std::io::Result<()> {
         file.sync_data()?;
     }
     Ok(())
-}
-
-/// Removes a scratch directory when dropped.
-struct RemovedOnDrop(PathBuf);
-
-impl Drop for RemovedOnDrop {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
 }

@@ -248,7 +248,7 @@ fn legacy_settles(tree: &sled::Tree) -> Result<Vec<QueuedSettle>, LocalError> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::storage::layout::{SETTLE_QUEUE_JOURNAL, STATE_SLED_DIR};
 
@@ -267,7 +267,7 @@ mod tests {
 
     /// sled lets go of its file lock from a thread of its own, a moment after the last
     /// handle is dropped: a reopen waits for it, within a deadline.
-    fn sled(dir: &Path) -> SledDisk {
+    pub(crate) fn sled(dir: &Path) -> SledDisk {
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
         loop {
             match SledDisk::open(&dir.join(STATE_SLED_DIR), 1 << 20) {

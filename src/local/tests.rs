@@ -186,7 +186,6 @@ fn a_reset_tenant_leaves_the_ledger_with_its_buckets_of_both_kinds() {
 #[tokio::test]
 async fn a_commit_the_settle_queue_lost_is_queued_again_from_the_journal() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let sled_path = dir.path().join("state.sled");
     let budget = crate::config::FallbackBudget::Full;
     let commit = |key: &str| Command::Settle {
         key: claim_request(key, "h").key,
@@ -196,7 +195,7 @@ async fn a_commit_the_settle_queue_lost_is_queued_again_from_the_journal() {
         node: 1,
     };
     {
-        let disk = crate::storage::sled_disk::SledDisk::open(&sled_path, 1 << 20).expect("sled");
+        let disk = settle_queue::tests::sled(dir.path());
         let fallback = Fallback::open(dir.path(), &disk, 1, budget, system_time()).expect("open");
         for key in ["kept", "lost"] {
             let request = claim_request(key, "h");
@@ -228,23 +227,9 @@ async fn a_commit_the_settle_queue_lost_is_queued_again_from_the_journal() {
         keys.sort();
         keys
     };
-    // sled lets go of its file lock from a thread of its own, a moment after the last
-    // handle is dropped: a reopen waits for it, within a deadline.
-    let reopen = || {
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-        loop {
-            match crate::storage::sled_disk::SledDisk::open(&sled_path, 1 << 20) {
-                Ok(disk) => return disk,
-                Err(e) if std::time::Instant::now() < deadline => {
-                    tracing::debug!(error = %e, "state.sled still locked");
-                    std::thread::sleep(std::time::Duration::from_millis(20));
-                }
-                Err(e) => panic!("sled: {e:?}"),
-            }
-        }
-    };
     for _ in 0..2 {
-        let disk = reopen();
+        // sled lets go of its file lock a moment after the last handle is dropped.
+        let disk = settle_queue::tests::sled(dir.path());
         let fallback = Fallback::open(dir.path(), &disk, 1, budget, system_time()).expect("reopen");
         assert_eq!(queued_keys(&fallback), ["kept", "lost"]);
         disk.flush_to_disk().expect("flush");

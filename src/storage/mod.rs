@@ -100,6 +100,16 @@ pub fn unless_panic<T>(work: impl FnOnce() -> T) -> Result<T, String> {
     })
 }
 
+/// A scratch directory (a benchmark's) removed when this goes out of scope, also on an
+/// error.
+pub struct RemovedOnDrop(pub std::path::PathBuf);
+
+impl Drop for RemovedOnDrop {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::os::unix::fs::PermissionsExt;

@@ -20,6 +20,7 @@ use crate::state::{
     TenantId,
 };
 use crate::storage::sled_disk::SledDisk;
+use crate::storage::RemovedOnDrop;
 
 /// What to measure.
 #[derive(Clone, Debug, clap::Args)]
@@ -182,15 +183,6 @@ pub fn run(plan: &SnapshotBenchPlan) -> anyhow::Result<SnapshotBenchSummary> {
         tenants: plan.tenants,
         rounds,
     })
-}
-
-/// A scratch directory removed when this goes out of scope, also on an error.
-struct RemovedOnDrop(PathBuf);
-
-impl Drop for RemovedOnDrop {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
 }
 
 #[cfg(test)]
