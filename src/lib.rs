@@ -34,14 +34,11 @@
 
 pub mod accept;
 pub mod api;
-pub mod backup;
-pub mod bench;
-pub mod cli;
 pub mod clock;
+pub mod cmd;
 pub mod codec;
 pub mod config;
 pub mod contract;
-pub mod envoy;
 pub mod identity;
 pub mod limits;
 pub mod local;

@@ -558,7 +558,7 @@ async fn propose_as(
 }
 
 async fn cli_status(fleet: &Fleet, id: u64) -> ankusa_fleet::pb::internal::ClusterStatusResponse {
-    ankusa_fleet::cli::cluster_status(&fleet.admin_target(id))
+    ankusa_fleet::cmd::cluster::cluster_status(&fleet.admin_target(id))
         .await
         .expect("cluster status with the admin certificate")
 }
@@ -587,7 +587,7 @@ async fn a_learner_never_votes_and_the_cluster_commands_follow_the_leader() {
     };
     let added = tokio::time::timeout(
         CONDITION_DEADLINE,
-        ankusa_fleet::cli::add(&fleet.admin_target(follower), request),
+        ankusa_fleet::cmd::cluster::add(&fleet.admin_target(follower), request),
     )
     .await
     .expect("AddMember answers")
@@ -596,7 +596,7 @@ async fn a_learner_never_votes_and_the_cluster_commands_follow_the_leader() {
     fleet
         .wait_for("node 4 a learner on every voter", || async {
             for id in [1, 2, 3] {
-                let status = ankusa_fleet::cli::cluster_status(&fleet.admin_target(id))
+                let status = ankusa_fleet::cmd::cluster::cluster_status(&fleet.admin_target(id))
                     .await
                     .ok()?;
                 status.members.iter().find(|m| m.id == 4 && !m.voter)?;
@@ -628,14 +628,14 @@ async fn a_learner_never_votes_and_the_cluster_commands_follow_the_leader() {
 
     tracing::info!("--- a backup through a follower comes from the leader");
     let file = fleet.dir.path().join("backup.snapshot");
-    let target = ankusa_fleet::backup::SaveTarget {
+    let target = ankusa_fleet::cmd::snapshot::SaveTarget {
         addr: None,
         raft_addr: Some(fleet.nodes[&follower].spec.raft_addr.clone()),
         credentials: fleet.admin_target(follower).credentials,
     };
     let summary = tokio::time::timeout(
         CONDITION_DEADLINE,
-        ankusa_fleet::backup::save(&target, &file),
+        ankusa_fleet::cmd::snapshot::save(&target, &file),
     )
     .await
     .expect("snapshot save answers")

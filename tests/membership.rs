@@ -4,7 +4,7 @@
 
 mod common;
 
-use ankusa_fleet::cli;
+use ankusa_fleet::cmd::cluster as cli;
 use ankusa_fleet::pb::internal::AddMemberRequest;
 use common::*;
 use tokio::time::Instant;

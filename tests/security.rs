@@ -7,7 +7,7 @@ mod common;
 
 use std::time::Duration;
 
-use ankusa_fleet::cli;
+use ankusa_fleet::cmd::cluster as cli;
 use ankusa_fleet::pb;
 use ankusa_fleet::pb::internal::admin_client::AdminClient;
 use ankusa_fleet::pb::internal::peer_client::PeerClient;
@@ -111,9 +111,9 @@ async fn peer_tls_admits_only_fleet_certificates_and_admin_is_not_on_the_edge_po
         vote_with_empty_payload(&raft_addr, Some(no_cert), member).await,
     );
     let foreign = fleet.dir.path().join("foreign");
-    ankusa_fleet::tls::make_certs(&ankusa_fleet::tls::CertsPlan {
+    ankusa_fleet::cmd::certs::make_certs(&ankusa_fleet::cmd::certs::CertsPlan {
         hosts: vec![(1, fleet.ip.to_string())],
-        ..ankusa_fleet::tls::CertsPlan::new(
+        ..ankusa_fleet::cmd::certs::CertsPlan::new(
             foreign.clone(),
             1,
             ankusa_fleet::config::Defaults::CLUSTER_ID,

@@ -15,6 +15,7 @@ use tonic::{Request, Response, Status, Streaming};
 pub mod admin;
 pub mod batch;
 pub mod drain;
+pub mod envoy;
 pub mod validate;
 pub mod wire;
 

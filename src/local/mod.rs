@@ -10,7 +10,6 @@
 //!
 //! Never proposes anything to the fleet itself.
 
-pub mod bench;
 pub mod journal;
 mod ledger;
 pub mod reconcile;

@@ -10,7 +10,7 @@ use anyhow::Context;
 use rand::SeedableRng;
 use tokio::time::Instant;
 
-use crate::cli::AdminTarget;
+use crate::cmd::cluster::AdminTarget;
 use crate::pb;
 use crate::pb::internal::{
     AddMemberRequest, ClusterStatusRequest, FaultDirection, FaultKind, PeerFault, SetFaultsRequest,
@@ -222,7 +222,7 @@ impl Fleet {
         };
         let answer = tokio::time::timeout(
             MEMBERSHIP_WAIT,
-            crate::cli::add(&self.admin_target(via), request),
+            crate::cmd::cluster::add(&self.admin_target(via), request),
         )
         .await
         .context("AddMember timed out");
@@ -252,7 +252,7 @@ impl Fleet {
         let spare = self.spare();
         let answer = tokio::time::timeout(
             MEMBERSHIP_WAIT,
-            crate::cli::remove(&self.admin_target(via), spare),
+            crate::cmd::cluster::remove(&self.admin_target(via), spare),
         )
         .await
         .context("RemoveMember timed out")
@@ -310,7 +310,7 @@ impl Fleet {
 
     /// Node `id`'s status, if it answers in time.
     pub async fn status(&self, id: u64) -> Option<pb::StatusResponse> {
-        tokio::time::timeout(CALL_TIMEOUT, crate::cli::status(self.api_addr(id)))
+        tokio::time::timeout(CALL_TIMEOUT, crate::cmd::cluster::status(self.api_addr(id)))
             .await
             .ok()?
             .ok()

@@ -11,15 +11,16 @@ use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
+use tonic_health::server::HealthReporter;
 
 use crate::accept::{MemberSources, UnixSocket};
 use crate::api::admin::AdminService;
 use crate::api::drain::DrainGate;
+use crate::api::envoy::EnvoyService;
 use crate::api::validate::RequestDefaults;
 use crate::api::FleetService;
 use crate::clock::LocalTime;
 use crate::config::NodeConfig;
-use crate::envoy::EnvoyService;
 use crate::local::reconcile;
 use crate::local::Fallback;
 use crate::local::LocalEngine;
@@ -94,7 +95,7 @@ pub enum StartError {
     #[error("grpc reflection: {0}")]
     Reflection(String),
     #[error("{0}")]
-    RateLimits(#[from] crate::envoy::limits::LimitsError),
+    RateLimits(#[from] crate::api::envoy::limits_file::LimitsError),
     #[error(
         "rate_limits_file: a limit's unit is {unit_us} us, past config key `capacity_us_max` \
          ({capacity_us_max} us)"
@@ -321,57 +322,20 @@ pub async fn start(config: NodeConfig, listeners: Listeners) -> Result<RunningNo
     let (stop, stopped) = watch::channel(false);
     let (core_stop_sender, core_stopped) = watch::channel(None);
     let gate = DrainGate::default();
-    let (health, health_service) = tonic_health::server::health_reporter();
-    // Until the node knows a leader (see `follow_raft`).
-    health
-        .set_not_serving::<pb::fleet_server::FleetServer<FleetService>>()
-        .await;
-    let admin = AdminService::new(
-        node.clone(),
-        config.cluster_id.clone(),
-        faults.clone(),
-        peer_tls.is_some(),
-    );
-    // Members' addresses get connection places of their own on raft_addr: the config's
-    // initial members at once, then the membership as it changes.
-    let members = MemberSources::default();
-    let initial: Vec<String> = config.members.iter().map(|m| m.raft_addr.clone()).collect();
-    members.set(initial.iter().map(String::as_str));
-    let servers = vec![
-        tokio::spawn(follow_members(
-            raft.clone(),
-            members.clone(),
-            initial,
-            stopped.clone(),
-        )),
-        tokio::spawn(serve_peers(
-            PeerService::new(
-                raft.clone(),
-                config.cluster_id.clone(),
-                Arc::new(proposer),
-                faults,
-                peer_tls.is_some(),
-                config.members.iter().map(|member| member.id).collect(),
-            )
-            .with_clock(clock.clone()),
-            admin,
-            peer_tls.as_ref(),
-            (listeners.raft, members.clone()),
-            stopped.clone(),
-        )?),
-        tokio::spawn(serve_api(
-            FleetService::new(node.clone(), request_defaults(&config), gate.clone()),
-            EnvoyService::new(
-                node.clone(),
-                envoy_limits,
-                config.timeout_default,
-                gate.clone(),
-            ),
-            health_service,
-            api_tls.as_ref(),
-            (listeners.api, listeners.api_socket),
-            stopped.clone(),
-        )?),
+    let served = Served {
+        config: &config,
+        raft: &raft,
+        node: &node,
+        proposer,
+        faults,
+        clock: &clock,
+        peer_tls: peer_tls.as_ref(),
+        api_tls: api_tls.as_ref(),
+        envoy_limits,
+        gate: &gate,
+    };
+    let (mut servers, health) = spawn_servers(served, listeners, &stopped).await?;
+    servers.extend([
         tokio::spawn(policy::run(
             raft.clone(),
             log_bytes,
@@ -400,7 +364,7 @@ pub async fn start(config: NodeConfig, listeners: Listeners) -> Result<RunningNo
             stopped.clone(),
         )),
         tokio::spawn(reconcile::run(node.clone(), stopped)),
-    ];
+    ]);
     form_cluster_once(&raft, &config).await?;
     tracing::info!(node_id = config.node_id, api_addr = %config.api_addr, raft_addr = %config.raft_addr, "node started");
     Ok(RunningNode {
@@ -413,6 +377,99 @@ pub async fn start(config: NodeConfig, listeners: Listeners) -> Result<RunningNo
         disk,
         drain_timeout: config.drain_timeout,
     })
+}
+
+/// The parts of a started node its servers answer with.
+struct Served<'a> {
+    config: &'a NodeConfig,
+    raft: &'a Raft,
+    node: &'a Arc<Node>,
+    proposer: Proposer,
+    faults: Faults,
+    clock: &'a ClockView,
+    peer_tls: Option<&'a PeerTls>,
+    api_tls: Option<&'a ApiTls>,
+    envoy_limits: Arc<crate::api::envoy::limits_file::Limits>,
+    gate: &'a DrainGate,
+}
+
+/// Spawns the node's two gRPC servers (`Peer` and `Admin` on `raft_addr`; `Fleet`, Envoy's
+/// service and health on `api_addr`) and the task that gives members' addresses connection
+/// places of their own on `raft_addr`. Returns their tasks and the health reporter, which
+/// says NOT_SERVING until `follow_raft` sees a leader.
+async fn spawn_servers(
+    served: Served<'_>,
+    listeners: Listeners,
+    stopped: &watch::Receiver<bool>,
+) -> Result<(Vec<JoinHandle<()>>, HealthReporter), StartError> {
+    let Served {
+        config,
+        raft,
+        node,
+        proposer,
+        faults,
+        clock,
+        peer_tls,
+        api_tls,
+        envoy_limits,
+        gate,
+    } = served;
+    let (health, health_service) = tonic_health::server::health_reporter();
+    // Until the node knows a leader (see `follow_raft`).
+    health
+        .set_not_serving::<pb::fleet_server::FleetServer<FleetService>>()
+        .await;
+    let admin = AdminService::new(
+        node.clone(),
+        config.cluster_id.clone(),
+        faults.clone(),
+        peer_tls.is_some(),
+    );
+    // Members' addresses get connection places of their own on raft_addr: the config's
+    // initial members at once, then the membership as it changes.
+    let members = MemberSources::default();
+    let initial: Vec<String> = config.members.iter().map(|m| m.raft_addr.clone()).collect();
+    members.set(initial.iter().map(String::as_str));
+    let peer = PeerService::new(
+        raft.clone(),
+        config.cluster_id.clone(),
+        Arc::new(proposer),
+        faults,
+        peer_tls.is_some(),
+        config.members.iter().map(|member| member.id).collect(),
+    )
+    .with_clock(clock.clone());
+    let fleet = FleetService::new(node.clone(), request_defaults(config), gate.clone());
+    let envoy = EnvoyService::new(
+        node.clone(),
+        envoy_limits,
+        config.timeout_default,
+        gate.clone(),
+    );
+    let servers = vec![
+        tokio::spawn(follow_members(
+            raft.clone(),
+            members.clone(),
+            initial,
+            stopped.clone(),
+        )),
+        tokio::spawn(serve_peers(
+            peer,
+            admin,
+            peer_tls,
+            (listeners.raft, members),
+            stopped.clone(),
+        )?),
+        tokio::spawn(serve_api(
+            fleet,
+            envoy,
+            health_service,
+            api_tls,
+            (listeners.api, listeners.api_socket),
+            stopped.clone(),
+        )?),
+    ];
+    Ok((servers, health))
 }
 
 /// What a node keeps on disk, opened: the Raft log and vote, the state machine from its
@@ -482,14 +539,14 @@ fn open_stores(config: &NodeConfig) -> Result<Stores, StartError> {
 
 /// Envoy's rate limits from `rate_limits_file` (none: every descriptor answers OK),
 /// checked against the state's ceilings.
-fn envoy_limits(config: &NodeConfig) -> Result<crate::envoy::limits::Limits, StartError> {
+fn envoy_limits(config: &NodeConfig) -> Result<crate::api::envoy::limits_file::Limits, StartError> {
     let Some(path) = &config.rate_limits_file else {
         tracing::info!(
             "no rate_limits_file: Envoy's ShouldRateLimit answers OK to every descriptor"
         );
-        return Ok(crate::envoy::limits::Limits::default());
+        return Ok(crate::api::envoy::limits_file::Limits::default());
     };
-    let limits = crate::envoy::limits::Limits::load(path)?;
+    let limits = crate::api::envoy::limits_file::Limits::load(path)?;
     let capacity_us_max = config.ceilings.capacity_us_max;
     if limits.longest_unit_us() > capacity_us_max {
         return Err(StartError::RateLimitUnit {

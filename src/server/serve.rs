@@ -12,8 +12,8 @@ use crate::accept::{
     incoming, incoming_unix, CallsLayer, ConnectionLimits, MemberSources, UnixSocket,
 };
 use crate::api::admin::AdminService;
+use crate::api::envoy::EnvoyService;
 use crate::api::FleetService;
-use crate::envoy::EnvoyService;
 use crate::limits;
 use crate::pb;
 use crate::raft::service::PeerService;

@@ -29,11 +29,11 @@ impl Fleet {
     fn empty(tls: bool) -> Fleet {
         if tls {
             Self::empty_with_certs(|out, ip| {
-                ankusa_fleet::tls::make_certs(&ankusa_fleet::tls::CertsPlan {
+                ankusa_fleet::cmd::certs::make_certs(&ankusa_fleet::cmd::certs::CertsPlan {
                     hosts: (1..=CERTIFIED_NODES)
                         .map(|id| (id, ip.to_string()))
                         .collect(),
-                    ..ankusa_fleet::tls::CertsPlan::new(
+                    ..ankusa_fleet::cmd::certs::CertsPlan::new(
                         out.to_owned(),
                         CERTIFIED_NODES,
                         ankusa_fleet::config::Defaults::CLUSTER_ID,
@@ -104,11 +104,11 @@ impl Fleet {
 
     /// Where a `cluster` command reaches node `id`'s `Admin` service, with the fleet's
     /// `admin` certificate when it runs TLS.
-    pub fn admin_target(&self, id: u64) -> ankusa_fleet::cli::AdminTarget {
+    pub fn admin_target(&self, id: u64) -> ankusa_fleet::cmd::cluster::AdminTarget {
         let file = |name: &str| self.certs.as_ref().map(|dir| dir.join(name));
-        ankusa_fleet::cli::AdminTarget {
+        ankusa_fleet::cmd::cluster::AdminTarget {
             addr: Some(self.nodes[&id].spec.raft_addr.clone()),
-            credentials: ankusa_fleet::cli::Credentials {
+            credentials: ankusa_fleet::cmd::cluster::Credentials {
                 config: None,
                 ca: file("ca.pem"),
                 cert: file("admin.pem"),

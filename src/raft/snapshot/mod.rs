@@ -8,7 +8,6 @@
 //! (`raft::state_machine::policy`, `raft::state_machine::build`): they read it, and
 //! nothing here reads them.
 
-pub mod bench;
 pub mod intake;
 pub mod store;
 

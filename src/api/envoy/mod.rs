@@ -1,7 +1,7 @@
 //! Envoy's rate limit service (`envoy.service.ratelimit.v3.RateLimitService`) on `api_addr`,
 //! so Envoy and Istio gateways can use the fleet directly.
 //!
-//! Each request descriptor finds its limit in the limits file ([`limits`]). One with a rate
+//! Each request descriptor finds its limit in the limits file ([`limits_file`]). One with a rate
 //! is a GCRA bucket of its own (`BucketKey::Envoy`: the domain and every entry, never
 //! shared with hit's or check_rate's), charged through the fleet like a check_rate: one
 //! unit's capacity, an increment of `unit / requests_per_unit` per hit, `hits_addend` hits
@@ -9,7 +9,7 @@
 //! descriptor that matches nothing, or an unlimited one, is `OK`; the overall code is
 //! `OVER_LIMIT` if any descriptor is, shadow-mode ones aside.
 
-pub mod limits;
+pub mod limits_file;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -28,7 +28,7 @@ use crate::contract::{CHARGES_MAX, ID_BYTES_MAX, KEY_BYTES_MAX};
 use crate::node::request::{CheckRateInput, Scope};
 use crate::node::{DecidedBy, Node};
 use crate::state::{BucketKey, Charge, HitAnswer};
-use limits::{Limit, Limits, Unit};
+use limits_file::{Limit, Limits, Unit};
 
 /// Entries one descriptor may have.
 const ENTRIES_MAX: usize = 16;

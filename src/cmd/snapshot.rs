@@ -19,7 +19,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context};
 use openraft::storage::{RaftLogStorage, RaftStateMachine};
 
-use crate::cli::{AdminTarget, Credentials};
+use crate::cmd::cluster::{AdminTarget, Credentials};
 use crate::config::NodeConfig;
 use crate::pb::internal::SaveSnapshotRequest;
 use crate::raft::faults::Faults;
@@ -72,7 +72,7 @@ impl SaveTarget {
 
 /// The raft_addr the node at `api_addr` lists for itself.
 async fn raft_addr_of(api_addr: &str) -> anyhow::Result<String> {
-    let status = crate::cli::status(api_addr).await?;
+    let status = crate::cmd::cluster::status(api_addr).await?;
     status
         .members
         .iter()
@@ -152,7 +152,7 @@ pub async fn save(target: &SaveTarget, file: &Path) -> anyhow::Result<Summary> {
     let request = SaveSnapshotRequest {
         cluster_id: target.cluster_id()?,
     };
-    let mut chunks = crate::cli::on_leader(&target, |mut admin| {
+    let mut chunks = crate::cmd::cluster::on_leader(&target, |mut admin| {
         let request = request.clone();
         async move { Ok(admin.save_snapshot(request).await?.into_inner()) }
     })
@@ -364,5 +364,49 @@ async fn seed(
     // sled's files and every directory under state.sled: the marker goes only after.
     disk.flush_to_disk()
         .with_context(|| format!("syncing {}", sled_path.display()))?;
+    Ok(())
+}
+
+/// The `snapshot` subcommands.
+#[derive(Debug, clap::Subcommand)]
+pub enum SnapshotCmd {
+    /// Write a snapshot covering everything the fleet answered before the call to FILE,
+    /// taken on the leader through any node (its Admin service on raft_addr, with a fleet
+    /// certificate).
+    Save {
+        #[command(flatten)]
+        target: SaveTarget,
+        file: PathBuf,
+    },
+    /// Seed the empty data dir of the node NODE.toml describes from FILE (every member is
+    /// restored from the same file, then started).
+    Restore {
+        #[arg(long)]
+        config: PathBuf,
+        file: PathBuf,
+    },
+}
+
+/// Runs one `snapshot` subcommand and prints what it did.
+///
+/// # Errors
+/// When the snapshot cannot be taken, checked, written or restored.
+pub async fn run(command: SnapshotCmd) -> anyhow::Result<()> {
+    match command {
+        SnapshotCmd::Save { target, file } => {
+            let summary = save(&target, &file).await?;
+            println!("saved {}: {summary}", file.display());
+        }
+        SnapshotCmd::Restore { config, file } => {
+            let config = NodeConfig::load(&config)?;
+            let summary = restore(&config, &file).await?;
+            println!(
+                "restored node {} in {} from {}: {summary}",
+                config.node_id,
+                config.data_dir.display(),
+                file.display()
+            );
+        }
+    }
     Ok(())
 }

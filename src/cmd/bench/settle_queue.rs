@@ -16,8 +16,8 @@ use anyhow::Context;
 use hdrhistogram::Histogram;
 use serde::Serialize;
 
-use super::settle_queue::{QueuedSettle, SettleQueue};
 use crate::codec;
+use crate::local::settle_queue::{QueuedSettle, SettleQueue};
 use crate::state::{ClaimKey, SettleOutcome};
 use crate::storage::layout::{SETTLE_QUEUE_JOURNAL, STATE_SLED_DIR};
 use crate::storage::sled_disk::SledDisk;

@@ -8,6 +8,9 @@
 //!
 //! The callers and the clock live here; how a hit is sent lives in `fleet.rs` and `redis.rs`.
 
+pub mod settle_queue;
+pub mod snapshot;
+
 mod fleet;
 #[cfg(feature = "redis-bench")]
 mod redis;
