@@ -350,27 +350,7 @@ async fn run_batcher(
         }
         let target = linger_target(previous, batch.lingering, leading, &limits);
         if carried.is_none() && batch.lingering < target {
-            let lingered_from = Instant::now();
-            // One timer for the whole wait, not one per arrival.
-            let linger = tokio::time::sleep_until(lingered_from + limits.linger);
-            tokio::pin!(linger);
-            let mut outcome = "filled";
-            while carried.is_none() && batch.lingering < target {
-                let queued = tokio::select! {
-                    queued = receiver.recv() => queued,
-                    () = &mut linger => {
-                        outcome = "expired";
-                        None
-                    }
-                };
-                let Some(queued) = queued else {
-                    break;
-                };
-                carried = batch.admit(queued).err();
-            }
-            metrics::counter!("ankusa_batch_lingers_total", "outcome" => outcome).increment(1);
-            metrics::histogram!("ankusa_batch_linger_seconds")
-                .record(lingered_from.elapsed().as_secs_f64());
+            carried = linger(&mut receiver, &mut batch, target, limits.linger).await;
         }
         metrics::histogram!("ankusa_batch_commands").record(batch.commands as f64);
         previous = batch.lingering;
@@ -382,6 +362,39 @@ async fn run_batcher(
             drop(slot);
         });
     }
+}
+
+/// Waits at most `linger` for `batch` to hold `target` lingering commands; returns the unit
+/// that did not fit, if one came (it starts the next batch).
+async fn linger(
+    receiver: &mut mpsc::Receiver<Queued>,
+    batch: &mut Batch,
+    target: usize,
+    linger: Duration,
+) -> Option<Queued> {
+    let lingered_from = Instant::now();
+    // One timer for the whole wait, not one per arrival.
+    let expiry = tokio::time::sleep_until(lingered_from + linger);
+    tokio::pin!(expiry);
+    let mut carried = None;
+    let mut outcome = "filled";
+    while carried.is_none() && batch.lingering < target {
+        let queued = tokio::select! {
+            queued = receiver.recv() => queued,
+            () = &mut expiry => {
+                outcome = "expired";
+                None
+            }
+        };
+        let Some(queued) = queued else {
+            break;
+        };
+        carried = batch.admit(queued).err();
+    }
+    metrics::counter!("ankusa_batch_lingers_total", "outcome" => outcome).increment(1);
+    metrics::histogram!("ankusa_batch_linger_seconds")
+        .record(lingered_from.elapsed().as_secs_f64());
+    carried
 }
 
 /// A batch being filled: its units and their commands, never more than `commands_max`.

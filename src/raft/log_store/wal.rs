@@ -266,6 +266,30 @@ fn write_zeros(file: &File, from: u64, to: u64) -> io::Result<()> {
 }
 
 /// Appends one record (the kind byte, then `payload`) to `buf`.
+/// The records of one append: each entry's, then the committed id's if any, and where
+/// each entry's record lies in them.
+fn records(admitted: &[&Entry], committed: Option<Option<LogId>>) -> Result<(Vec<u8>, Vec<Span>)> {
+    let mut buf = Vec::new();
+    let mut spans = Vec::with_capacity(admitted.len());
+    for entry in admitted {
+        let offset = buf.len() as u64;
+        push_record(&mut buf, KIND_ENTRY, &encode_as(*entry, "log entry")?)?;
+        spans.push(Span {
+            offset,
+            len: buf.len() as u64 - offset,
+            log_id: entry.log_id,
+        });
+    }
+    if let Some(committed) = committed {
+        push_record(
+            &mut buf,
+            KIND_COMMITTED,
+            &encode_as(&committed, "committed")?,
+        )?;
+    }
+    Ok((buf, spans))
+}
+
 pub(super) fn push_record(buf: &mut Vec<u8>, kind: u8, payload: &[u8]) -> Result<()> {
     record::push(buf, &[&[kind], payload]).map_err(|e| LogStoreError::RecordTooLarge {
         len_bytes: e.len_bytes,
@@ -307,7 +331,7 @@ impl Wal {
             let is_last = position + 1 == count;
             let path = dir.join(segment_name(first_index));
             let (segment, seen_committed) =
-                replay_segment(&path, first_index, is_last, segment_bytes)?;
+                replay::segment(&path, first_index, is_last, segment_bytes)?;
             committed = seen_committed.or(committed);
             segments.insert(first_index, segment);
         }
@@ -327,7 +351,7 @@ impl Wal {
                 segment.spans.is_empty()
                     || purged_upto.is_some_and(|p| segment.next_index() <= p + 1)
             })?;
-            check_contiguous(dir, &state)?;
+            replay::check_contiguous(dir, &state)?;
             if let (Some(purged), Some(first)) = (purged_upto, state.segments.keys().next()) {
                 if *first > purged + 1 {
                     return Err(corrupt(
@@ -387,24 +411,7 @@ impl Wal {
             let target = last.map(|segment| (segment.first_index, segment.end));
             (admitted, target)
         };
-        let mut buf = Vec::new();
-        let mut spans = Vec::with_capacity(admitted.len());
-        for entry in &admitted {
-            let offset = buf.len() as u64;
-            push_record(&mut buf, KIND_ENTRY, &encode_as(*entry, "log entry")?)?;
-            spans.push(Span {
-                offset,
-                len: buf.len() as u64 - offset,
-                log_id: entry.log_id,
-            });
-        }
-        if let Some(committed) = committed {
-            push_record(
-                &mut buf,
-                KIND_COMMITTED,
-                &encode_as(&committed, "committed")?,
-            )?;
-        }
+        let (buf, spans) = records(&admitted, committed)?;
         let first_new = admitted.first().map(|entry| entry.log_id.index);
         let (first_index, end) = match (target, first_new) {
             // A segment is full once a write would pass its size; a write with no entry
@@ -650,128 +657,6 @@ impl Wal {
     }
 }
 
-/// Replays one segment: its entries (checked) and the newest committed id in it. In the
-/// last segment a torn append ends the log and what follows is zeroed; elsewhere, and for
-/// any other damage, only zeros may follow the records. A segment shorter than
-/// `segment_bytes` was cut short by something else than a crash.
-fn replay_segment(
-    path: &Path,
-    first_index: u64,
-    is_last: bool,
-    segment_bytes: u64,
-) -> Result<(Segment, Option<Option<LogId>>)> {
-    let file = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(path)
-        .map_err(|e| io_error(path, "open", e))?;
-    let bytes = fs::read(path).map_err(|e| io_error(path, "read", e))?;
-    if (bytes.len() as u64) < segment_bytes {
-        return Err(corrupt(
-            path,
-            format!(
-                "{} bytes, shorter than the {segment_bytes} a segment is made with: cut short",
-                bytes.len()
-            ),
-        ));
-    }
-    let mut spans: Vec<Span> = Vec::new();
-    let mut committed = None;
-    let mut at = 0;
-    // A record whose length or checksum fails is where the log ends (torn or zeros); one
-    // that checks but does not fit the log is damage no crash makes: refuse it.
-    let misfit = |at: usize, what: String| corrupt(path, format!("record at byte {at}: {what}"));
-    while let Some((kind, payload, next)) = read_record(&bytes, at) {
-        match kind {
-            kind if is_entry(kind) => {
-                let entry = decode_entry(kind, payload).map_err(|e| misfit(at, e.to_string()))?;
-                let expected = first_index + spans.len() as u64;
-                if entry.log_id.index != expected {
-                    let got = entry.log_id.index;
-                    return Err(misfit(at, format!("entry {got} where {expected} belongs")));
-                }
-                if let Some(last) = spans.last() {
-                    if last.log_id.leader_id > entry.log_id.leader_id {
-                        return Err(misfit(at, format!("entry {expected}'s term goes down")));
-                    }
-                }
-                spans.push(Span {
-                    offset: at as u64,
-                    len: (next - at) as u64,
-                    log_id: entry.log_id,
-                });
-            }
-            KIND_COMMITTED => {
-                let id = decode_as::<Option<LogId>>(payload, "committed")
-                    .map_err(|e| misfit(at, e.to_string()))?;
-                committed = Some(id);
-            }
-            other => {
-                let newer = if other > KIND_ENTRY {
-                    " (written by a newer version?)"
-                } else {
-                    ""
-                };
-                return Err(misfit(at, format!("unknown kind {other}{newer}")));
-            }
-        }
-        at = next;
-    }
-    let rest_is_zero = bytes[at..].iter().all(|byte| *byte == 0);
-    if !rest_is_zero {
-        if !is_last {
-            return Err(corrupt(
-                path,
-                format!("unreadable record at byte {at} of a segment that is not the last"),
-            ));
-        }
-        // Truncation (and the zeroing of a torn tail) zeroes forward from a record
-        // boundary and fsyncs at the end: a crash part way leaves a whole zero header at
-        // the cut with stale records after it. Those were being cut; what is before stays.
-        // (One flipped bit cannot zero a whole header.)
-        let unfinished_cut = bytes
-            .get(at..at + record::HEADER_BYTES)
-            .is_some_and(|header| header.iter().all(|byte| *byte == 0));
-        if !unfinished_cut && !record::is_torn_append(&bytes[at..], at as u64, bytes.len()) {
-            return Err(corrupt(
-                path,
-                format!(
-                    "damaged record at byte {at}: not a torn append (data in every sector of \
-                     it, or after it), so it may hold acknowledged entries"
-                ),
-            ));
-        }
-        tracing::warn!(path = %path.display(), at, unfinished_cut, "log ends in a torn append or an unfinished truncation; zeroing it");
-        zero(&file, path, at as u64, bytes.len() as u64)?;
-        file.sync_data().map_err(|e| io_error(path, "fsync", e))?;
-    }
-    let segment = Segment {
-        first_index,
-        path: path.to_path_buf(),
-        file: Arc::new(file),
-        end: at as u64,
-        spans,
-    };
-    Ok((segment, committed))
-}
-
-/// Each segment must start right after the one before it ends.
-fn check_contiguous(dir: &Path, state: &State) -> Result<()> {
-    let mut expected: Option<u64> = None;
-    for segment in state.segments.values() {
-        if let Some(expected) = expected.filter(|want| *want != segment.first_index) {
-            return Err(corrupt(
-                dir,
-                format!(
-                    "segment starting at {} follows one ending before {expected}: a hole",
-                    segment.first_index
-                ),
-            ));
-        }
-        expected = Some(segment.next_index());
-    }
-    Ok(())
-}
-
+mod replay;
 #[cfg(test)]
 mod tests;

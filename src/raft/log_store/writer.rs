@@ -251,39 +251,50 @@ fn write_loop(
                         }
                     }
                 }
-                // Fault tests only: the entries stay in memory, unwritten, as if the power
-                // were about to go.
-                faults.wait_while_log_held();
-                let started = std::time::Instant::now();
-                let result = disk.wal.append(&entries, committed);
-                metrics::histogram!("ankusa_log_flush_seconds")
-                    .record(started.elapsed().as_secs_f64());
-                match &result {
-                    Ok(()) => {
-                        let written: Vec<LogId> =
-                            entries.iter().map(|entry| entry.log_id).collect();
-                        lock(tail).mark_durable(&written);
-                        if let Some(last) = written.last() {
-                            mark.set(Some(*last));
-                        }
-                    }
-                    Err(e) => {
-                        tracing::error!(error = %e, "raft log append failed");
-                        mark.fail(&e.to_string());
-                    }
-                }
-                let outcome = result.map_err(|e| io::Error::other(e.to_string()));
-                for done in callbacks {
-                    done(match &outcome {
-                        Ok(()) => Ok(()),
-                        Err(e) => Err(io::Error::other(e.to_string())),
-                    });
-                }
+                write_appends(disk, tail, mark, faults, (&entries, committed), callbacks);
             }
         }
         if next.is_none() {
             next = queue.recv().ok();
         }
+    }
+}
+
+/// Writes gathered appends in one transaction and one fsync, marks them durable (or the log
+/// failed), and tells every caller.
+fn write_appends(
+    disk: &Disk,
+    tail: &Mutex<Tail>,
+    mark: &DurableMark,
+    faults: &Faults,
+    (entries, committed): (&[Entry], Option<Option<LogId>>),
+    callbacks: Vec<OnDurable>,
+) {
+    // Fault tests only: the entries stay in memory, unwritten, as if the power
+    // were about to go.
+    faults.wait_while_log_held();
+    let started = std::time::Instant::now();
+    let result = disk.wal.append(entries, committed);
+    metrics::histogram!("ankusa_log_flush_seconds").record(started.elapsed().as_secs_f64());
+    match &result {
+        Ok(()) => {
+            let written: Vec<LogId> = entries.iter().map(|entry| entry.log_id).collect();
+            lock(tail).mark_durable(&written);
+            if let Some(last) = written.last() {
+                mark.set(Some(*last));
+            }
+        }
+        Err(e) => {
+            tracing::error!(error = %e, "raft log append failed");
+            mark.fail(&e.to_string());
+        }
+    }
+    let outcome = result.map_err(|e| io::Error::other(e.to_string()));
+    for done in callbacks {
+        done(match &outcome {
+            Ok(()) => Ok(()),
+            Err(e) => Err(io::Error::other(e.to_string())),
+        });
     }
 }
 
