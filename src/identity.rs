@@ -11,7 +11,6 @@ use std::net::SocketAddr;
 use std::sync::Mutex;
 
 use crate::lock::lock;
-use crate::raft::NodeId;
 
 /// The longest `cluster_id`: a SPIFFE trust domain is at most 255 bytes.
 pub const CLUSTER_ID_BYTES_MAX: usize = 255;
@@ -36,6 +35,10 @@ pub fn check_cluster_id(cluster_id: &str) -> Result<(), String> {
         None => Ok(()),
     }
 }
+
+/// A node's id as its certificate names it: the same `u64` as `raft::NodeId`, spelled
+/// here so that identity, which `raft` imports, imports nothing of `raft`.
+pub type NodeId = u64;
 
 /// The URI SAN of node `id`'s certificate.
 pub fn node_uri(cluster_id: &str, id: NodeId) -> String {
