@@ -18,6 +18,7 @@ pub mod request;
 pub mod route;
 pub mod router;
 mod settle;
+mod stamp;
 mod turns;
 
 use crate::local::{Fallback, LocalEngine, LocalError, ReplicaView};

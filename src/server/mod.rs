@@ -17,7 +17,7 @@ use crate::api::admin::AdminService;
 use crate::api::drain::DrainGate;
 use crate::api::validate::RequestDefaults;
 use crate::api::FleetService;
-use crate::clock::LocalTime;
+use crate::clock::{Clock, LocalTime, SystemClock};
 use crate::config::NodeConfig;
 use crate::envoy::EnvoyService;
 use crate::local::reconcile;
@@ -258,6 +258,7 @@ pub async fn start(config: NodeConfig, listeners: Listeners) -> Result<RunningNo
         disk,
         state,
         max_clock_offset,
+        clocks,
         local_time,
         local,
     } = open_stores(&config)?;
@@ -290,6 +291,7 @@ pub async fn start(config: NodeConfig, listeners: Listeners) -> Result<RunningNo
         peers,
         config.state_limits,
         clock.clone(),
+        clocks,
     );
     let proposer = Proposer::start(Arc::new(router), limits, config.ceilings);
     let node = Arc::new(Node::new(NodeParts {
@@ -426,6 +428,8 @@ struct Stores {
     disk: SledDisk,
     state: StateMachineStore,
     max_clock_offset: Duration,
+    /// The machine's clocks: the leader's stamps and the local time read them.
+    clocks: Arc<dyn Clock>,
     local_time: Arc<LocalTime>,
     local: LocalEngine,
 }
@@ -461,7 +465,8 @@ fn open_stores(config: &NodeConfig) -> Result<Stores, StartError> {
         Duration::from_millis(config.max_clock_offset_ms)
     };
     // Both local engines decide by it (docs/decisions/026, addendum).
-    let local_time = Arc::new(LocalTime::system(max_clock_offset));
+    let clocks: Arc<dyn Clock> = Arc::new(SystemClock::default());
+    let local_time = Arc::new(LocalTime::new(clocks.clone(), max_clock_offset));
     let local = LocalEngine::open(
         &config.data_dir.join(NODE_SCOPE_JOURNAL),
         config.node_id,
@@ -475,6 +480,7 @@ fn open_stores(config: &NodeConfig) -> Result<Stores, StartError> {
         disk,
         state,
         max_clock_offset,
+        clocks,
         local_time,
         local,
     })
