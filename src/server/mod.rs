@@ -291,7 +291,7 @@ pub async fn start(config: NodeConfig, listeners: Listeners) -> Result<RunningNo
         peers,
         config.state_limits,
         clock.clone(),
-        clocks,
+        clocks.clone(),
     );
     let proposer = Proposer::start(Arc::new(router), limits, config.ceilings);
     let node = Arc::new(Node::new(NodeParts {
@@ -311,6 +311,7 @@ pub async fn start(config: NodeConfig, listeners: Listeners) -> Result<RunningNo
         durable,
         planted_bug: config.planted_bug,
         clock: clock.clone(),
+        clocks,
     }));
     // Every store's file and directory now exists; their names reach the disk before
     // anything is acknowledged (a vote, an entry), or a power cut could lose a whole file.
@@ -428,7 +429,8 @@ struct Stores {
     disk: SledDisk,
     state: StateMachineStore,
     max_clock_offset: Duration,
-    /// The machine's clocks: the leader's stamps and the local time read them.
+    /// The machine's clocks: the leader's stamps, the local time and reconciliation's
+    /// round numbers read them.
     clocks: Arc<dyn Clock>,
     local_time: Arc<LocalTime>,
     local: LocalEngine,
