@@ -3,7 +3,8 @@
 //!
 //! The leader stamps each batch with the wall clock, bounded by its monotonic clock
 //! (contract §3, [`bounded_stamp`]); the node-local engine decides by [`LocalTime`], the
-//! same rule with an anchor of its own, reading a [`Clock`] that tests can drive.
+//! same rule with an anchor of its own. Both read a [`Clock`] given to them at start-up
+//! (one [`SystemClock`] per node), which a test replaces with a [`ManualClock`] it drives.
 //!
 //! Fault injection can set the wall clock off by an offset, to play a node whose clock is
 //! wrong (the nemesis's `clock` fault). The offset is process-wide: one node per process,

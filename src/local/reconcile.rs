@@ -30,7 +30,6 @@ use tokio::time::Instant;
 
 use super::settle_queue::QueuedSettle;
 use super::{Fallback, LocalError};
-use crate::clock::wall_clock_us;
 use crate::state::{Answer, ClaimRequest, Command, HitAnswer, NodeId, SettleAnswer, SettleOutcome};
 
 /// What reconciliation needs of its node: who it is, whether it knows a leader, its
@@ -44,6 +43,9 @@ pub trait Fleet: Send + Sync + 'static {
     fn fallback(&self) -> &Fallback;
     /// The last absorb round of this node's that its replica of the fleet state applied.
     fn absorbed_round(&self) -> u64;
+    /// This node's wall clock, in microseconds since the Unix epoch: a new absorb round's
+    /// number is at least this ([`super::ChargeLedger::next_round`]).
+    fn wall_clock_us(&self) -> u64;
     /// Commits `command` through the fleet by `deadline`.
     fn propose(
         &self,
@@ -225,7 +227,7 @@ async fn settles<N: Fleet>(node: &N) -> Result<(), N::Error> {
 /// all the same, and the fleet applies a round number once.
 async fn charges<N: Fleet>(node: &N) -> Result<(), N::Error> {
     let ledger = &node.fallback().ledger;
-    let Some(round) = ledger.next_round(node.absorbed_round(), wall_clock_us()) else {
+    let Some(round) = ledger.next_round(node.absorbed_round(), node.wall_clock_us()) else {
         return Ok(());
     };
     let absorb = Command::AbsorbRound {
@@ -244,15 +246,22 @@ mod tests {
     use std::sync::Mutex;
 
     use super::*;
+    use crate::clock::{Clock, LocalTime, ManualClock};
     use crate::state::{rules, BucketKey, Charge, FleetState, Kind, TenantId};
 
-    /// A fleet whose first proposal commits but whose answer is lost (the caller sees an
-    /// error, as when the deadline passes after the entry was appended); later ones answer.
-    struct LostFirstAnswer {
+    const T0_US: u64 = 1_800_000_000_000_000;
+
+    /// A fleet on a clock the test drives, whose first proposal may commit but lose its
+    /// answer (the caller sees an error, as when the deadline passes after the entry was
+    /// appended); later ones answer.
+    struct DrivenFleet {
+        lose_first: bool,
+        clock: Arc<ManualClock>,
         fallback: Fallback,
         state: Mutex<FleetState>,
-        /// The stamp each proposal was applied at.
+        /// The stamp each proposal was applied at, and the round each absorb carried.
         stamps: Mutex<Vec<u64>>,
+        rounds: Mutex<Vec<u64>>,
         _dir: tempfile::TempDir,
     }
 
@@ -271,21 +280,50 @@ mod tests {
         }
     }
 
-    impl LostFirstAnswer {
+    impl DrivenFleet {
+        fn new(lose_first: bool) -> Self {
+            let dir = tempfile::tempdir().expect("tempdir");
+            let disk =
+                crate::storage::sled_disk::SledDisk::open(&dir.path().join("state.sled"), 1 << 20)
+                    .expect("sled");
+            let clock = Arc::new(ManualClock::new(T0_US));
+            let time = Arc::new(LocalTime::new(clock.clone(), Duration::from_millis(500)));
+            let fallback = Fallback::open(
+                dir.path(),
+                &disk,
+                1,
+                crate::config::FallbackBudget::Full,
+                time,
+            )
+            .expect("fallback");
+            Self {
+                lose_first,
+                clock,
+                fallback,
+                state: Mutex::default(),
+                stamps: Mutex::default(),
+                rounds: Mutex::default(),
+                _dir: dir,
+            }
+        }
+
         fn apply(&self, command: Command) -> Result<Answer, Lost> {
-            let now_us = wall_clock_us();
+            let now_us = self.clock.wall_us();
+            if let Command::AbsorbRound { round, .. } = &command {
+                crate::lock::lock(&self.rounds).push(*round);
+            }
             let mut state = crate::lock::lock(&self.state);
             let answer = rules::apply_batch(&mut state, &[command], now_us).remove(0);
             let mut stamps = crate::lock::lock(&self.stamps);
             stamps.push(now_us);
-            if stamps.len() == 1 {
+            if self.lose_first && stamps.len() == 1 {
                 return Err(Lost("the answer was lost after the commit".to_owned()));
             }
             Ok(answer)
         }
     }
 
-    impl Fleet for LostFirstAnswer {
+    impl Fleet for DrivenFleet {
         type Error = Lost;
 
         fn node_id(&self) -> NodeId {
@@ -304,6 +342,10 @@ mod tests {
             crate::lock::lock(&self.state).absorbed_round(1)
         }
 
+        fn wall_clock_us(&self) -> u64 {
+            self.clock.wall_us()
+        }
+
         async fn propose(&self, command: Command, _deadline: Instant) -> Result<Answer, Lost> {
             self.apply(command)
         }
@@ -320,50 +362,47 @@ mod tests {
         }
     }
 
-    /// Contract §7: local charges are handed over once. The first round commits but its
-    /// answer is lost; the next round sends the same round again, which the fleet does not
-    /// charge a second time.
-    #[tokio::test]
-    async fn a_round_whose_answer_was_lost_is_not_charged_twice() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let disk =
-            crate::storage::sled_disk::SledDisk::open(&dir.path().join("state.sled"), 1 << 20)
-                .expect("sled");
-        let fallback = Fallback::open(
-            dir.path(),
-            &disk,
-            1,
-            crate::config::FallbackBudget::Full,
-            crate::local::tests::system_time(),
-        )
-        .expect("fallback");
-        let fleet = LostFirstAnswer {
-            fallback,
-            state: Mutex::default(),
-            stamps: Mutex::default(),
-            _dir: dir,
-        };
-        let bucket = BucketKey::Tenant {
+    fn bucket() -> BucketKey {
+        BucketKey::Tenant {
             kind: Kind::Hooks,
             tenant: TenantId::from("t"),
-        };
-        let increment_us = 10_000_000;
+        }
+    }
+
+    /// A local grant of `increment_us` on [`bucket`].
+    fn grant(fleet: &DrivenFleet, increment_us: u64) {
         fleet.fallback.ledger.record(&[Charge {
-            bucket: bucket.clone(),
+            bucket: bucket(),
             increment_us,
             capacity_us: 600_000_000,
         }]);
+    }
+
+    /// Contract §7: local charges are handed over once. The first round commits but its
+    /// answer is lost; the next round sends the same round again, though the clock moved
+    /// on, and the fleet does not charge it a second time.
+    #[tokio::test]
+    async fn a_round_whose_answer_was_lost_is_not_charged_twice() {
+        let fleet = DrivenFleet::new(true);
+        let increment_us = 10_000_000;
+        grant(&fleet, increment_us);
         assert!(round(&fleet).await.is_err(), "the first answer is lost");
         assert!(
             !fleet.fallback.ledger.is_empty(),
             "the round waits to be answered"
         );
+        fleet.clock.advance(Duration::from_secs(1));
         round(&fleet).await.expect("the second round is answered");
         assert!(fleet.fallback.ledger.is_empty());
         let stamps = crate::lock::lock(&fleet.stamps).clone();
-        assert_eq!(stamps.len(), 2, "one proposal per round");
+        assert_eq!(stamps, [T0_US, T0_US + 1_000_000], "one proposal per round");
         assert_eq!(
-            crate::lock::lock(&fleet.state).bucket_tat_us(&bucket),
+            crate::lock::lock(&fleet.rounds).clone(),
+            [T0_US, T0_US],
+            "the same round, sent again"
+        );
+        assert_eq!(
+            crate::lock::lock(&fleet.state).bucket_tat_us(&bucket()),
             Some(stamps[0] + increment_us),
             "charged once, at the first round"
         );
@@ -373,5 +412,51 @@ mod tests {
             2,
             "nothing left to send"
         );
+    }
+
+    /// A new round is numbered by the wall clock when it is made, so the fleet, which
+    /// applies a node's round number once, absorbs it though this node restarted with an
+    /// empty ledger; with the clock set back, it is still above the last round.
+    #[tokio::test]
+    async fn a_new_round_is_numbered_by_the_driven_wall_clock_and_above_the_last() {
+        let fleet = DrivenFleet::new(true);
+        grant(&fleet, 1_000);
+        assert!(round(&fleet).await.is_err(), "the first answer is lost");
+        round(&fleet).await.expect("sent again, answered");
+        fleet.clock.advance(Duration::from_secs(5));
+        grant(&fleet, 1_000);
+        round(&fleet).await.expect("a new round");
+        fleet.clock.step_wall(-3_600_000_000);
+        grant(&fleet, 1_000);
+        round(&fleet)
+            .await
+            .expect("a round with the clock set back");
+        assert_eq!(
+            crate::lock::lock(&fleet.rounds).clone(),
+            [T0_US, T0_US, T0_US + 5_000_000, T0_US + 5_000_001],
+        );
+        assert_eq!(fleet.absorbed_round(), T0_US + 5_000_001, "each absorbed");
+    }
+
+    /// The reconciler runs a round every `ROUND_INTERVAL` (tokio's paused time, driven by
+    /// hand): nothing is sent before it passes, the waiting charges once it has.
+    #[tokio::test(start_paused = true)]
+    async fn a_round_runs_once_its_interval_passes() {
+        let fleet = Arc::new(DrivenFleet::new(false));
+        grant(&fleet, 1_000);
+        let (stop, stopped) = watch::channel(false);
+        let reconciler = tokio::spawn(run(fleet.clone(), stopped));
+        tokio::task::yield_now().await; // the reconciler starts its first wait
+        tokio::time::advance(ROUND_INTERVAL - Duration::from_millis(1)).await;
+        tokio::task::yield_now().await;
+        assert!(crate::lock::lock(&fleet.rounds).is_empty(), "not yet");
+        tokio::time::advance(Duration::from_millis(1)).await;
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(crate::lock::lock(&fleet.rounds).clone(), [T0_US]);
+        assert!(fleet.fallback.ledger.is_empty(), "answered");
+        stop.send(true).expect("the reconciler listens");
+        reconciler.await.expect("stops");
     }
 }

@@ -5,8 +5,11 @@
 //! It never names tonic or sled: the transport lives in `raft::network`/`api`, storage in
 //! `raft::log_store`, `raft::state_machine` and `local`.
 
+use std::sync::Arc;
+
 use tokio::time::Instant;
 
+use crate::clock::Clock;
 use crate::config::PlantedBug;
 
 mod backup;
@@ -18,6 +21,7 @@ pub mod request;
 pub mod route;
 pub mod router;
 mod settle;
+mod stamp;
 mod turns;
 
 use crate::local::{Fallback, LocalEngine, LocalError, ReplicaView};
@@ -156,6 +160,9 @@ pub struct NodeParts {
     pub planted_bug: Option<PlantedBug>,
     /// What this node knows of its clock against its peers'.
     pub clock: crate::raft::clock_view::ClockView,
+    /// The machine's clocks, the ones its local time reads: the wall clock of
+    /// reconciliation's round numbers and of [`Node::bucket_ahead_us`].
+    pub clocks: Arc<dyn Clock>,
 }
 
 /// One fleet node: Raft, the state machine replica, the proposal queue, the node-scope
@@ -175,6 +182,7 @@ pub struct Node {
     claim_turns: turns::KeyTurns,
     planted_bug: Option<PlantedBug>,
     clock: crate::raft::clock_view::ClockView,
+    clocks: Arc<dyn Clock>,
 }
 
 impl Node {
@@ -193,6 +201,7 @@ impl Node {
             claim_turns: turns::KeyTurns::default(),
             planted_bug: parts.planted_bug,
             clock: parts.clock,
+            clocks: parts.clocks,
         }
     }
 
@@ -574,7 +583,7 @@ impl Node {
         // A fleet bucket: the wall clock, off only while it is (the local time would keep a
         // clock wrong at start-up until a restart).
         let applied = self.state.lock();
-        let now_us = crate::clock::wall_clock_us().max(applied.state.clock_us());
+        let now_us = self.clocks.wall_us().max(applied.state.clock_us());
         applied
             .state
             .bucket_tat_us(bucket)
@@ -648,6 +657,10 @@ impl crate::local::reconcile::Fleet for Node {
 
     fn absorbed_round(&self) -> u64 {
         self.state.lock().state.absorbed_round(self.id)
+    }
+
+    fn wall_clock_us(&self) -> u64 {
+        self.clocks.wall_us()
     }
 
     async fn propose(&self, command: Command, deadline: Instant) -> Result<Answer, NodeError> {

@@ -2,7 +2,6 @@
 //! (stamping the entry with a time bounded by the monotonic clock, contract §3,
 //! docs/decisions/026), and by a `Propose` call to the leader otherwise.
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -12,7 +11,8 @@ use tokio::time::Instant;
 
 use super::order::SubmitTurn;
 use super::propose::{reply_all, without_given_up, Queued};
-use crate::clock::{bounded_stamp, wall_clock_us};
+use super::stamp::Stamps;
+use crate::clock::Clock;
 use crate::raft::clock_view::ClockView;
 use crate::raft::network::PeerClients;
 use crate::raft::{NodeId, ProposeRefusal, ProposeRequest, ProposeResponse, Raft};
@@ -24,42 +24,30 @@ pub struct Router {
     node_id: NodeId,
     raft: Raft,
     peers: PeerClients,
-    /// The last time stamped on a proposal by this node, so stamps never go back here.
-    last_stamp_us: AtomicU64,
-    /// Where the fleet's time stood at a monotonic instant, while this node leads: what
-    /// its stamps are bounded by (`bounded_stamp`).
-    anchor: std::sync::Mutex<Option<Anchor>>,
+    /// The time stamped into each entry this node proposes while it leads.
+    stamps: Stamps,
     /// This node's clock against its peers': past the bound it proposes nothing.
     clock: ClockView,
     /// Stamped into every entry this node proposes while it leads.
     limits: StateLimits,
 }
 
-/// A stamp and the monotonic instant it was made at, in one term of this node's
-/// leadership.
-#[derive(Clone, Copy, Debug)]
-struct Anchor {
-    term: u64,
-    stamp_us: u64,
-    at: Instant,
-}
-
 impl Router {
-    /// A router for node `node_id`, stamping `limits` into the entries it proposes and
-    /// bounding its stamps by `clock`'s `max_clock_offset_ms`.
+    /// A router for node `node_id`, stamping `limits` into the entries it proposes, and
+    /// the time read from `clocks`, bounded by `clock`'s `max_clock_offset_ms`.
     pub fn new(
         node_id: NodeId,
         raft: Raft,
         peers: PeerClients,
         limits: StateLimits,
         clock: ClockView,
+        clocks: Arc<dyn Clock>,
     ) -> Self {
         Self {
             node_id,
             raft,
             peers,
-            last_stamp_us: AtomicU64::new(0),
-            anchor: std::sync::Mutex::new(None),
+            stamps: Stamps::new(clocks),
             clock,
             limits,
         }
@@ -119,48 +107,10 @@ impl Router {
         self.raft.metrics().borrow().current_leader == Some(self.node_id)
     }
 
-    /// The time of the next entry: the wall clock, bounded by the monotonic time since the
-    /// anchor of this term of leadership (a new term anchors at the wall clock, which the
-    /// voters found within the bound of theirs), never before this node's last stamp.
+    /// The time of the next entry ([`Stamps::next_us`]) in this node's current term.
     fn stamp_now_us(&self) -> u64 {
-        let wall_us = wall_clock_us();
-        let now = Instant::now();
         let term = self.raft.metrics().borrow().current_term;
-        let stamp_us = {
-            let mut anchor = self
-                .anchor
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
-            match *anchor {
-                Some(held) if held.term == term => {
-                    let elapsed_us =
-                        u64::try_from(now.duration_since(held.at).as_micros()).unwrap_or(u64::MAX);
-                    let (stamp_us, within) =
-                        bounded_stamp(wall_us, held.stamp_us, elapsed_us, self.clock.bound_us());
-                    if within {
-                        *anchor = Some(Anchor {
-                            term,
-                            stamp_us,
-                            at: now,
-                        });
-                    } else {
-                        metrics::counter!("ankusa_stamps_bounded_total").increment(1);
-                    }
-                    stamp_us
-                }
-                _ => {
-                    *anchor = Some(Anchor {
-                        term,
-                        stamp_us: wall_us,
-                        at: now,
-                    });
-                    wall_us
-                }
-            }
-        };
-        self.last_stamp_us
-            .fetch_max(stamp_us, Ordering::Relaxed)
-            .max(stamp_us)
+        self.stamps.next_us(term, self.clock.bound_us())
     }
 
     /// Writes one entry; `submitted` is dropped once openraft has it.

@@ -1,4 +1,5 @@
 use super::*;
+use crate::clock::Clock;
 use crate::state::ClaimKey;
 
 /// The local reserve is an eighth of a short timeout and capped for a long one, so the
@@ -50,5 +51,123 @@ fn a_mixed_decision_names_its_node_part_then_why_the_fleet_was_not_asked() {
     assert_eq!(
         reason(&node_charges, Some("deadline")),
         "node scope: charges; deadline"
+    );
+}
+
+/// A node of one member that never formed a fleet (so no leader ever comes), its stores
+/// in `dir`, deciding alone on a wall clock the test drives.
+async fn leaderless_node(dir: &std::path::Path) -> Node {
+    use crate::clock::{LocalTime, ManualClock};
+    use crate::raft::clock_view::ClockView;
+    use crate::raft::durability::network::DurableNetwork;
+    use crate::raft::faults::Faults;
+    use crate::raft::log_store::LogStore;
+    use crate::raft::network::PeerClients;
+    use crate::storage::sled_disk::SledDisk;
+
+    const NODE_ID: NodeId = 1;
+    let bound = std::time::Duration::from_millis(500);
+    let clocks: Arc<dyn Clock> = Arc::new(ManualClock::new(1_800_000_000_000_000));
+    let time = Arc::new(LocalTime::new(clocks.clone(), bound));
+    let faults = Faults::new(false);
+    let log = LogStore::open(&dir.join("raft-log.redb"), NODE_ID, faults.clone()).expect("log");
+    let durable = log.durable();
+    let disk = SledDisk::open(&dir.join("state.sled"), 1 << 20).expect("sled");
+    let state = StateMachineStore::open(&disk, durable.clone(), None).expect("state");
+    let clock = ClockView::new(NODE_ID, bound);
+    let peers = PeerClients::new("test", NODE_ID, faults);
+    let config = openraft::Config::default().validate().expect("config");
+    let network = DurableNetwork::new(peers.clone(), durable.clone());
+    let raft = Raft::new(NODE_ID, Arc::new(config), network, log, state.clone())
+        .await
+        .expect("raft");
+    let router = router::Router::new(
+        NODE_ID,
+        raft.clone(),
+        peers,
+        crate::state::StateLimits::UNLIMITED,
+        clock.clone(),
+        clocks.clone(),
+    );
+    let limits = propose::BatchLimits {
+        batch_commands_max: 100,
+        queue_depth_max: 1_000,
+        proposals_in_flight_max: 1,
+        forwards_in_flight_max: 16,
+        linger: std::time::Duration::ZERO,
+    };
+    let proposer = Proposer::start(
+        Arc::new(router),
+        limits,
+        crate::state::check::Ceilings::CONTRACT,
+    );
+    let local = LocalEngine::open(&dir.join("node-claims.journal"), NODE_ID, time.clone())
+        .expect("node scope");
+    let fallback = Fallback::open(
+        dir,
+        &disk,
+        NODE_ID,
+        crate::config::FallbackBudget::Full,
+        time,
+    )
+    .expect("fallback");
+    Node::new(NodeParts {
+        id: NODE_ID,
+        raft,
+        state,
+        proposer,
+        local,
+        fallback,
+        voters_max: 5,
+        durable,
+        planted_bug: None,
+        clock,
+        clocks,
+    })
+}
+
+/// Contract §7 on tokio's paused time: with no leader, a fleet-scoped hit is answered by
+/// the local fallback once the fleet's part of its timeout is over, leaving the local
+/// reserve for the answer (docs/decisions/023), not at the timeout or after it.
+#[tokio::test(start_paused = true)]
+async fn a_hit_without_a_leader_is_answered_locally_by_its_fleet_deadline() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let node = leaderless_node(dir.path()).await;
+    let timeout = std::time::Duration::from_millis(300);
+    let input = HitInput {
+        charges: vec![Charge {
+            bucket: crate::state::BucketKey::Tenant {
+                kind: crate::state::Kind::Hooks,
+                tenant: "t".into(),
+            },
+            increment_us: 1_000_000,
+            capacity_us: 10_000_000,
+        }],
+        claim: None,
+        timeout,
+        rate_limit_scope: request::Scope::Fleet,
+        dedupe_scope: request::Scope::Fleet,
+    };
+    let started = Instant::now();
+    let decided = node.hit(input).await.expect("answered");
+    let elapsed = started.elapsed();
+    assert_eq!(
+        decided,
+        Decided {
+            answer: HitAnswer::Allowed,
+            decided_by: DecidedBy::Local {
+                reason: "no leader".to_owned()
+            },
+        }
+    );
+    let fleet_part = timeout - local_reserve(timeout, HIT_RESERVE_MAX);
+    assert!(
+        elapsed >= fleet_part && elapsed <= fleet_part + std::time::Duration::from_millis(1),
+        "answered after {elapsed:?}, the fleet's part being {fleet_part:?}"
+    );
+    assert_eq!(
+        node.fallback().ledger.len(),
+        1,
+        "the grant waits to be reconciled"
     );
 }

@@ -19,7 +19,7 @@ use crate::api::drain::DrainGate;
 use crate::api::envoy::EnvoyService;
 use crate::api::validate::RequestDefaults;
 use crate::api::FleetService;
-use crate::clock::LocalTime;
+use crate::clock::{Clock, LocalTime, SystemClock};
 use crate::config::NodeConfig;
 use crate::local::reconcile;
 use crate::local::Fallback;
@@ -259,6 +259,7 @@ pub async fn start(config: NodeConfig, listeners: Listeners) -> Result<RunningNo
         disk,
         state,
         max_clock_offset,
+        clocks,
         local_time,
         local,
     } = open_stores(&config)?;
@@ -291,6 +292,7 @@ pub async fn start(config: NodeConfig, listeners: Listeners) -> Result<RunningNo
         peers,
         config.state_limits,
         clock.clone(),
+        clocks.clone(),
     );
     let proposer = Proposer::start(Arc::new(router), limits, config.ceilings);
     let node = Arc::new(Node::new(NodeParts {
@@ -310,6 +312,7 @@ pub async fn start(config: NodeConfig, listeners: Listeners) -> Result<RunningNo
         durable,
         planted_bug: config.planted_bug,
         clock: clock.clone(),
+        clocks,
     }));
     // Every store's file and directory now exists; their names reach the disk before
     // anything is acknowledged (a vote, an entry), or a power cut could lose a whole file.
@@ -483,6 +486,9 @@ struct Stores {
     disk: SledDisk,
     state: StateMachineStore,
     max_clock_offset: Duration,
+    /// The machine's clocks: the leader's stamps, the local time and reconciliation's
+    /// round numbers read them.
+    clocks: Arc<dyn Clock>,
     local_time: Arc<LocalTime>,
     local: LocalEngine,
 }
@@ -518,7 +524,8 @@ fn open_stores(config: &NodeConfig) -> Result<Stores, StartError> {
         Duration::from_millis(config.max_clock_offset_ms)
     };
     // Both local engines decide by it (docs/decisions/026, addendum).
-    let local_time = Arc::new(LocalTime::system(max_clock_offset));
+    let clocks: Arc<dyn Clock> = Arc::new(SystemClock::default());
+    let local_time = Arc::new(LocalTime::new(clocks.clone(), max_clock_offset));
     let local = LocalEngine::open(
         &config.data_dir.join(NODE_SCOPE_JOURNAL),
         config.node_id,
@@ -532,6 +539,7 @@ fn open_stores(config: &NodeConfig) -> Result<Stores, StartError> {
         disk,
         state,
         max_clock_offset,
+        clocks,
         local_time,
         local,
     })

@@ -1,6 +1,6 @@
-//! The log store through its openraft interface: openraft's storage suite, reopen, the
-//! vote, purge and truncation with the durable mark, holes; and the helpers the WAL's and
-//! the writer's tests share.
+//! The log store through its openraft interface: openraft's storage suite (on a stub and
+//! on the real state machine), reopen, the vote, purge and truncation with the durable
+//! mark, holes; and the helpers the WAL's and the writer's tests share.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::Cursor;
@@ -12,8 +12,10 @@ use tempfile::TempDir;
 use tokio::sync::Mutex;
 
 use super::*;
+use crate::raft::state_machine::StateMachineStore;
 use crate::raft::{MemberNode, Snapshot, SnapshotMeta, StoredMembership};
 use crate::state::{Command, EncodedCommand, FleetRequest, FleetResponse};
+use crate::storage::sled_disk::SledDisk;
 
 /// The node the tests' stores belong to, which also made their entries (`log_id`).
 pub(super) const NODE: NodeId = 0;
@@ -184,6 +186,39 @@ impl StoreBuilder<TypeConfig, LogStore, MemStateMachine, TempDir> for TempDirBui
 #[test]
 fn passes_openraft_storage_suite() {
     Suite::test_all(TempDirBuilder).expect("openraft storage suite");
+}
+
+/// The log store and the fleet's own state machine (`StateMachineStore`, its snapshots in
+/// sled), each build in a temp dir of its own.
+struct RealStoresBuilder;
+
+impl StoreBuilder<TypeConfig, LogStore, StateMachineStore, (TempDir, SledDisk)>
+    for RealStoresBuilder
+{
+    async fn build(
+        &self,
+    ) -> Result<((TempDir, SledDisk), LogStore, StateMachineStore), StorageError> {
+        let dir = TempDir::new().map_err(|e| StorageIOError::write(&e))?;
+        let store = open_store(&dir.path().join("raft-log.redb")).map_err(write_logs_error)?;
+        let disk = SledDisk::open(&dir.path().join("state.sled"), 1 << 20)
+            .map_err(|e| StorageIOError::write(&e))?;
+        // The suite applies entries its log store never holds (a state machine ahead of an
+        // empty log, from `last_membership_in_log` on), which on this log's durable mark
+        // would wait forever: the state machine waits on a mark that holds everything. The
+        // durability rule has tests of its own (`raft::durability`, `raft::state_machine`).
+        let state = StateMachineStore::open(&disk, DurableLog::everything(), None)
+            .map_err(|e| StorageIOError::write(&e))?;
+        Ok(((dir, disk), store, state))
+    }
+}
+
+/// openraft's suite on the stores a node runs on: the log store, and the real state
+/// machine rather than [`MemStateMachine`], so its applied state, membership and
+/// snapshots (built, stored in sled, read back, installed) are held to openraft's
+/// expectations too.
+#[test]
+fn passes_openraft_storage_suite_with_the_real_state_machine() {
+    Suite::test_all(RealStoresBuilder).expect("openraft storage suite, real state machine");
 }
 
 #[tokio::test]
