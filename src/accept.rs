@@ -599,7 +599,7 @@ where
         };
         if let Err(e) = connection.0.call_started() {
             metrics::counter!("ankusa_connections_refused_total").increment(1);
-            let refused = tonic::Status::unavailable(e.to_string()).into_http();
+            let refused = tonic::Status::from(e).into_http();
             return Box::pin(std::future::ready(Ok(refused)));
         }
         let open = OpenCall(Some(Arc::clone(&connection.0)));

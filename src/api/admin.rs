@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use tonic::{Request, Response, Status};
 
-use super::status_of;
+use super::validate::InvalidArgument;
 use crate::node::{Node, NodeError};
 use crate::pb;
 use crate::pb::internal::admin_server::Admin;
@@ -19,28 +19,82 @@ use crate::pb::internal::{
     AddMemberRequest, AdminResponse, ClusterMember, ClusterStatusRequest, ClusterStatusResponse,
     RemoveMemberRequest, SaveSnapshotRequest, SetFaultsRequest, SnapshotChunk,
 };
-use crate::raft::faults::{Direction, Fault, Faults};
-use crate::raft::MemberNode;
+use crate::raft::faults::{Direction, Fault, FaultInjectionOff, Faults};
+use crate::raft::{MemberNode, NodeId};
 
 /// The metadata key of a "not the leader" answer that names the leader's `raft_addr`: the
 /// `cluster` and `snapshot` commands retry there.
 pub const LEADER_RAFT_ADDR_HEADER: &str = "x-ankusa-leader-raft-addr";
 
-/// The answer of a follower to a call only the leader serves: `FAILED_PRECONDITION` naming
-/// the leader's `raft_addr` (also in [`LEADER_RAFT_ADDR_HEADER`]), or `UNAVAILABLE` while no
-/// leader is known. A follower does not call the leader itself: it would have to present
-/// its own node certificate for the caller's request.
-fn not_leader(leader_raft_addr: Option<String>) -> Status {
-    let Some(addr) = leader_raft_addr else {
-        return Status::unavailable("no leader known; retry once the fleet has elected one");
-    };
-    let mut status = Status::failed_precondition(format!(
-        "this node is not the leader: send the call to the leader's raft_addr {addr}"
-    ));
-    if let Ok(value) = addr.parse() {
-        status.metadata_mut().insert(LEADER_RAFT_ADDR_HEADER, value);
+/// What `Admin` refuses (its codes are in `api::status`).
+#[derive(Debug, thiserror::Error)]
+pub enum AdminError {
+    /// The connection's certificate names no identity of this fleet.
+    #[error("Admin/{method}: {source}")]
+    Identity {
+        method: &'static str,
+        #[source]
+        source: crate::identity::IdentityError,
+    },
+    /// A node identity called a method only the admin identity may.
+    #[error(
+        "identity node {id} may not call Admin/{method}: only the admin identity \
+         (spiffe://{cluster_id}/admin) may"
+    )]
+    AdminOnly {
+        id: NodeId,
+        method: &'static str,
+        cluster_id: String,
+    },
+    /// A request meant for another fleet (two fleets under one CA); `cluster_id` as
+    /// `identity::shown` prints the caller's.
+    #[error("cluster_id: {cluster_id} is not this node's cluster `{ours}`")]
+    OtherCluster { cluster_id: String, ours: String },
+    #[error(transparent)]
+    Invalid(#[from] InvalidArgument),
+    /// A call only the leader serves, on a follower that knows no leader.
+    #[error("no leader known; retry once the fleet has elected one")]
+    NoLeader,
+    /// A call only the leader serves, on a follower: the caller retries at the leader's
+    /// `raft_addr` (also in [`LEADER_RAFT_ADDR_HEADER`]). A follower does not call the
+    /// leader itself: it would have to present its own node certificate for the caller's
+    /// request.
+    #[error(
+        "this node is not the leader: send the call to the leader's raft_addr {leader_raft_addr}"
+    )]
+    NotLeader { leader_raft_addr: String },
+    /// A state digest, from a node whose config does not allow fault injection.
+    #[error("digest: needs fault_injection = true in the node's config")]
+    DigestNeedsFaults,
+    #[error(transparent)]
+    FaultsOff(#[from] FaultInjectionOff),
+    /// `stop_raft_core`: the Raft core's task did not end cleanly.
+    #[error("stop_raft_core: {0}")]
+    StopRaftCore(#[source] tokio::task::JoinError),
+    #[error(transparent)]
+    Node(NodeError),
+}
+
+/// A node error, with "not the leader" as the answer that names the leader.
+impl From<NodeError> for AdminError {
+    fn from(error: NodeError) -> Self {
+        match error {
+            NodeError::NotLeader {
+                leader_raft_addr: Some(leader_raft_addr),
+            } => AdminError::NotLeader { leader_raft_addr },
+            NodeError::NotLeader {
+                leader_raft_addr: None,
+            } => AdminError::NoLeader,
+            error => AdminError::Node(error),
+        }
     }
-    status
+}
+
+fn invalid(field: impl Into<String>, reason: String) -> AdminError {
+    AdminError::Invalid(InvalidArgument {
+        field: field.into(),
+        reason,
+    })
 }
 
 /// Who may call a method of `Admin`.
@@ -91,25 +145,25 @@ impl AdminService {
     fn authorize<T>(
         &self,
         request: &Request<T>,
-        method: &str,
+        method: &'static str,
         allowed: Allowed,
-    ) -> Result<Option<std::net::SocketAddr>, Status> {
+    ) -> Result<Option<std::net::SocketAddr>, AdminError> {
         use crate::identity::{Caller, Identity};
         let remote = request.remote_addr();
         let refusal = match crate::identity::caller_of(request, self.tls, &self.cluster_id) {
-            Err(e) => format!("Admin/{method}: {e}"),
+            Err(source) => AdminError::Identity { method, source },
             Ok(Caller::Unauthenticated | Caller::Verified(Identity::Admin)) => return Ok(remote),
             Ok(Caller::Verified(Identity::Node(id))) => match allowed {
                 Allowed::AdminOrNode => return Ok(remote),
-                Allowed::AdminOnly => format!(
-                    "identity node {id} may not call Admin/{method}: only the admin identity \
-                     (spiffe://{}/admin) may",
-                    self.cluster_id
-                ),
+                Allowed::AdminOnly => AdminError::AdminOnly {
+                    id,
+                    method,
+                    cluster_id: self.cluster_id.clone(),
+                },
             },
         };
-        self.refusals.once(remote, &refusal);
-        Err(Status::permission_denied(refusal))
+        self.refusals.once(remote, &refusal.to_string());
+        Err(refusal)
     }
 
     /// A request meant for another fleet (two fleets under one CA) is refused (logged once
@@ -118,20 +172,19 @@ impl AdminService {
         &self,
         remote: Option<std::net::SocketAddr>,
         cluster_id: &str,
-    ) -> Result<(), Status> {
+    ) -> Result<(), AdminError> {
         if cluster_id == self.cluster_id {
             return Ok(());
         }
-        let refusal = format!(
-            "cluster_id: {} is not this node's cluster `{}`",
-            crate::identity::shown(cluster_id),
-            self.cluster_id
-        );
+        let refusal = AdminError::OtherCluster {
+            cluster_id: crate::identity::shown(cluster_id),
+            ours: self.cluster_id.clone(),
+        };
         self.refusals.once(
             remote,
             &format!("an Admin call for another cluster: {refusal}"),
         );
-        Err(Status::permission_denied(refusal))
+        Err(refusal)
     }
 }
 
@@ -159,8 +212,7 @@ impl Admin for AdminService {
                     .collect();
                 Ok(Response::new(Box::pin(futures::stream::iter(chunks))))
             }
-            Err(NodeError::NotLeader { leader_raft_addr }) => Err(not_leader(leader_raft_addr)),
-            Err(e) => Err(status_of(e)),
+            Err(e) => Err(AdminError::from(e).into()),
         }
     }
 
@@ -172,13 +224,12 @@ impl Admin for AdminService {
         let add = request.into_inner();
         self.same_cluster(remote, &add.cluster_id)?;
         if add.id == 0 {
-            return Err(Status::invalid_argument("id: must be at least 1"));
+            return Err(invalid("id", "must be at least 1".to_owned()).into());
         }
         for (field, addr) in [("api_addr", &add.api_addr), ("raft_addr", &add.raft_addr)] {
             if addr.parse::<std::net::SocketAddr>().is_err() {
-                return Err(Status::invalid_argument(format!(
-                    "{field}: `{addr}` is not an ip:port address"
-                )));
+                let reason = format!("`{addr}` is not an ip:port address");
+                return Err(invalid(field, reason).into());
             }
         }
         let member = MemberNode {
@@ -187,8 +238,7 @@ impl Admin for AdminService {
         };
         match self.node.add_member(add.id, member, add.voter).await {
             Ok(message) => Ok(Response::new(AdminResponse { message })),
-            Err(NodeError::NotLeader { leader_raft_addr }) => Err(not_leader(leader_raft_addr)),
-            Err(e) => Err(status_of(e)),
+            Err(e) => Err(AdminError::from(e).into()),
         }
     }
 
@@ -201,8 +251,7 @@ impl Admin for AdminService {
         self.same_cluster(remote, &remove.cluster_id)?;
         match self.node.remove_member(remove.id).await {
             Ok(message) => Ok(Response::new(AdminResponse { message })),
-            Err(NodeError::NotLeader { leader_raft_addr }) => Err(not_leader(leader_raft_addr)),
-            Err(e) => Err(status_of(e)),
+            Err(e) => Err(AdminError::from(e).into()),
         }
     }
 
@@ -218,11 +267,7 @@ impl Admin for AdminService {
         let (digest_index, state_digest) = match (request.get_ref().digest, self.faults.enabled()) {
             (false, _) => (0, 0),
             (true, true) => self.node.state_digest(),
-            (true, false) => {
-                return Err(Status::failed_precondition(
-                    "digest: needs fault_injection = true in the node's config",
-                ))
-            }
+            (true, false) => return Err(AdminError::DigestNeedsFaults.into()),
         };
         Ok(Response::new(ClusterStatusResponse {
             state_digest,
@@ -260,8 +305,8 @@ impl Admin for AdminService {
                     Fault::Delay(std::time::Duration::from_millis(fault.delay_ms))
                 }
                 _ => {
-                    let message = format!("faults[{i}].kind: must be DROP, BLACKHOLE or DELAY");
-                    return Err(Status::invalid_argument(message));
+                    let reason = "must be DROP, BLACKHOLE or DELAY".to_owned();
+                    return Err(invalid(format!("faults[{i}].kind"), reason).into());
                 }
             };
             let direction = match pb::internal::FaultDirection::try_from(fault.direction) {
@@ -269,40 +314,35 @@ impl Admin for AdminService {
                 Ok(pb::internal::FaultDirection::Outgoing) => Direction::Outgoing,
                 Ok(pb::internal::FaultDirection::Incoming) => Direction::Incoming,
                 Err(_) => {
-                    let message =
-                        format!("faults[{i}].direction: must be BOTH, OUTGOING or INCOMING");
-                    return Err(Status::invalid_argument(message));
+                    let reason = "must be BOTH, OUTGOING or INCOMING".to_owned();
+                    return Err(invalid(format!("faults[{i}].direction"), reason).into());
                 }
             };
             rules.insert(fault.peer_id, (rule, direction));
         }
         if request.clock_offset_ms.unsigned_abs() > crate::contract::TTL_MS_MAX {
-            let message = format!(
-                "clock_offset_ms: {} is beyond ±{} (30 days)",
+            let reason = format!(
+                "{} is beyond ±{} (30 days)",
                 request.clock_offset_ms,
                 crate::contract::TTL_MS_MAX
             );
-            return Err(Status::invalid_argument(message));
+            return Err(invalid("clock_offset_ms", reason).into());
         }
         let count = rules.len();
-        self.faults
-            .set(rules)
-            .map_err(Status::failed_precondition)?;
+        self.faults.set(rules).map_err(AdminError::from)?;
         self.faults
             .hold_log_writes(request.hold_log_writes)
-            .map_err(Status::failed_precondition)?;
+            .map_err(AdminError::from)?;
         self.faults
             .set_clock_offset_ms(request.clock_offset_ms)
-            .map_err(Status::failed_precondition)?;
+            .map_err(AdminError::from)?;
         let stopped = if request.stop_raft_core {
-            self.faults
-                .may_stop_raft_core()
-                .map_err(Status::failed_precondition)?;
+            self.faults.may_stop_raft_core().map_err(AdminError::from)?;
             self.node
                 .raft()
                 .shutdown()
                 .await
-                .map_err(|e| Status::internal(format!("stop_raft_core: {e}")))?;
+                .map_err(AdminError::StopRaftCore)?;
             ", Raft core stopped"
         } else {
             ""

@@ -21,13 +21,11 @@ use futures::stream::FuturesUnordered;
 use futures::{Stream, StreamExt};
 use tonic::{Status, Streaming};
 
-use super::drain::DrainGate;
+use super::drain::{DrainGate, Draining};
+use super::status::status_of;
 use super::validate::{self, RequestDefaults};
 use super::FleetService;
-use super::{
-    call_error, call_status, decider_label, error_label, hit_outcome_label, hit_response, invalid,
-    status_of,
-};
+use super::{call_error, call_status, decider_label, error_label, hit_outcome_label, hit_response};
 use crate::limits::{
     API_MESSAGE_BYTES_MAX, HIT_BATCH_HITS_IN_FLIGHT_MAX, HIT_BATCH_HITS_MAX,
     HIT_BATCH_MESSAGE_BYTES_MAX,
@@ -177,11 +175,11 @@ impl Frames {
                     field: "hit".to_owned(),
                     reason: "must be set".to_owned(),
                 };
-                refused_hits.push((batched.id, Err(invalid(missing))));
+                refused_hits.push((batched.id, Err(Status::from(missing))));
                 continue;
             };
             match validate::hit(hit, self.defaults) {
-                Err(e) => refused_hits.push((batched.id, Err(invalid(e)))),
+                Err(e) => refused_hits.push((batched.id, Err(Status::from(e)))),
                 Ok(input) => {
                     let fleet_only = route(&input) == Route::FleetOnly;
                     match runs.last_mut() {
@@ -245,10 +243,10 @@ impl Frames {
 }
 
 /// Every hit of a group the draining node no longer takes, answered with that refusal.
-fn refuse_all(ids: Vec<u64>, refused: &Status) -> Answers {
+fn refuse_all(ids: Vec<u64>, refused: &Draining) -> Answers {
     let answers: Answers = ids
         .into_iter()
-        .map(|id| (id, Err(refused.clone())))
+        .map(|id| (id, Err(Status::from(*refused))))
         .collect();
     count_answers(&answers);
     answers

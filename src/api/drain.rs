@@ -9,7 +9,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::Notify;
-use tonic::Status;
+
+/// A call refused because the node is draining (`UNAVAILABLE`, in `api::status`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("this node is shutting down; send the call to another node")]
+pub struct Draining;
 
 /// Shared by every edge call of one node (cheap to clone).
 #[derive(Clone, Default)]
@@ -41,8 +45,8 @@ impl DrainGate {
     /// Lets a call in, unless the node is draining.
     ///
     /// # Errors
-    /// `UNAVAILABLE` once a drain has begun.
-    pub fn enter(&self) -> Result<CallGuard, Status> {
+    /// [`Draining`] once a drain has begun.
+    pub fn enter(&self) -> Result<CallGuard, Draining> {
         // Counted first: a drain that begins between the two steps still waits for it.
         // SeqCst on both sides (count then flag here, flag then count in a drain): either
         // this call sees the flag, or the drain sees the count.
@@ -51,9 +55,7 @@ impl DrainGate {
             inner: Arc::clone(&self.inner),
         };
         if self.inner.draining.load(Ordering::SeqCst) {
-            return Err(Status::unavailable(
-                "this node is shutting down; send the call to another node",
-            ));
+            return Err(Draining);
         }
         Ok(guard)
     }
@@ -99,7 +101,10 @@ mod tests {
         let inside = gate.enter().expect("open");
         gate.begin();
         let refused = gate.enter().err().expect("refused while draining");
-        assert_eq!(refused.code(), tonic::Code::Unavailable);
+        assert_eq!(
+            tonic::Status::from(refused).code(),
+            tonic::Code::Unavailable
+        );
         assert!(!gate.until_idle(Duration::from_millis(20)).await);
         let waiter = tokio::spawn({
             let gate = gate.clone();

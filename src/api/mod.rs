@@ -2,8 +2,9 @@
 //! (on `raft_addr`, [`admin`]): convert and validate the request ([`validate`]), call the
 //! [`Node`], convert the answer back.
 //!
-//! [`status_of`] maps the node's errors (`NodeError`) to gRPC status codes; `admin`,
-//! `raft::service` and `envoy` build the statuses of their own refusals.
+//! Every error that leaves one of the node's services becomes a gRPC status in one table,
+//! [`status`]: the node's errors (`NodeError`), invalid fields, a drain's refusal, and the
+//! typed refusals of `Admin`, Envoy and `raft::service`'s `Peer`.
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -16,37 +17,16 @@ pub mod admin;
 pub mod batch;
 pub mod drain;
 pub mod envoy;
+pub mod status;
 pub mod validate;
 pub mod wire;
 
-use crate::node::{Decided, DecidedBy, Node, NodeError};
+use crate::node::{Decided, DecidedBy, Node};
 use crate::pb;
-use crate::state::{HitAnswer, Refusal, SettleAnswer};
+use crate::state::{HitAnswer, SettleAnswer};
 use drain::DrainGate;
-use validate::{InvalidArgument, RequestDefaults};
-
-/// The one table from node errors to gRPC status codes.
-pub fn status_of(error: NodeError) -> Status {
-    match error {
-        // Calls that can be answered locally are (contract §7); what reaches here is a
-        // reset, which the fleet could not take in time (contract §10), or an admin call.
-        NodeError::Unavailable { .. }
-        | NodeError::Overloaded { .. }
-        | NodeError::NotLeader { .. } => Status::unavailable(error.to_string()),
-        NodeError::Membership { .. } => Status::failed_precondition(error.to_string()),
-        NodeError::Local(_) | NodeError::Fatal { .. } => Status::internal(error.to_string()),
-        NodeError::Refused {
-            refusal: Refusal::Exhausted { .. },
-        } => Status::resource_exhausted(error.to_string()),
-        NodeError::Refused {
-            refusal: Refusal::Invalid { .. },
-        } => Status::invalid_argument(error.to_string()),
-    }
-}
-
-fn invalid(error: InvalidArgument) -> Status {
-    Status::invalid_argument(error.to_string())
-}
+use status::status_of;
+use validate::RequestDefaults;
 
 fn decided_by(decided_by: &DecidedBy) -> (i32, String) {
     match decided_by {
@@ -204,7 +184,7 @@ async fn answer_hit(
     let started = Instant::now();
     let decided = match validate::hit(request, defaults) {
         Ok(input) => node.hit(input).await.map_err(status_of),
-        Err(e) => Err(invalid(e)),
+        Err(e) => Err(Status::from(e)),
     };
     count_hit(&decided);
     record_latency("hit", started);
@@ -309,7 +289,7 @@ impl pb::fleet_server::Fleet for FleetService {
                     let request = message?;
                     let answer = match gate.enter() {
                         Ok(_call) => answer_hit(&node, defaults, request).await,
-                        Err(refused) => Err(refused),
+                        Err(refused) => Err(Status::from(refused)),
                     };
                     Ok(stream_reply(answer))
                 }
@@ -343,7 +323,7 @@ impl pb::fleet_server::Fleet for FleetService {
         let started = Instant::now();
         let decided = match validate::settle(request.get_ref(), self.defaults) {
             Ok(input) => self.node.settle(input).await.map_err(status_of),
-            Err(e) => Err(invalid(e)),
+            Err(e) => Err(Status::from(e)),
         };
         let (outcome, decided_by) = labels(&decided, settle_outcome_label);
         metrics::counter!("ankusa_settles_total", "outcome" => outcome, "decided_by" => decided_by)
@@ -360,7 +340,7 @@ impl pb::fleet_server::Fleet for FleetService {
         let started = Instant::now();
         let done = match validate::reset(request.get_ref(), self.defaults) {
             Ok(input) => self.node.reset(input).await.map_err(status_of),
-            Err(e) => Err(invalid(e)),
+            Err(e) => Err(Status::from(e)),
         };
         let outcome = match &done {
             Ok(()) => "reset",
@@ -383,7 +363,7 @@ impl pb::fleet_server::Fleet for FleetService {
         let started = Instant::now();
         let outcome = match validate::check_rate(request.get_ref(), self.defaults) {
             Ok(input) => self.node.check_rate(input).await.map_err(status_of),
-            Err(e) => Err(invalid(e)),
+            Err(e) => Err(Status::from(e)),
         };
         let elapsed_us = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
         check_rate_telemetry(request.get_ref(), &outcome, elapsed_us);

@@ -39,6 +39,24 @@ where
     }
 }
 
+/// A request message the codec refuses (its codes are in `api::status`).
+#[derive(Debug, thiserror::Error)]
+pub enum WireError {
+    /// The message does not decode; `described` names the field (see [`describe`]).
+    #[error("{described}")]
+    Undecodable {
+        described: String,
+        #[source]
+        source: prost::DecodeError,
+    },
+    /// A `HitBatch` message of more than [`HIT_BATCH_HITS_MAX`] hits.
+    #[error("hits: more than {HIT_BATCH_HITS_MAX} hits in one message")]
+    TooManyHits,
+    /// A hit of a `HitBatch` message over one hit's limit, [`API_MESSAGE_BYTES_MAX`].
+    #[error("hits[{index}].hit: {bytes} bytes, the limit is: {API_MESSAGE_BYTES_MAX} bytes")]
+    HitTooLarge { index: usize, bytes: usize },
+}
+
 /// Decodes `U`; a failure becomes `INVALID_ARGUMENT` with the field's path.
 #[derive(Debug, Clone, Default)]
 pub struct FieldNamingDecoder<U> {
@@ -56,7 +74,11 @@ impl<U: Message + Default + Send + 'static> Decoder for FieldNamingDecoder<U> {
         let bytes = buf.copy_to_bytes(buf.remaining());
         match U::decode(bytes.clone()) {
             Ok(message) => Ok(Some(message)),
-            Err(e) => Err(Status::invalid_argument(describe(&e.to_string(), &bytes))),
+            Err(source) => Err(WireError::Undecodable {
+                described: describe(&source.to_string(), &bytes),
+                source,
+            }
+            .into()),
         }
     }
 }
@@ -67,7 +89,7 @@ impl<U: Message + Default + Send + 'static> Decoder for FieldNamingDecoder<U> {
 /// stream, as a unary request over its limit is refused by the transport, so a large
 /// message of tiny hits costs one refusal, not one per hit. Bytes that do not parse are
 /// left to prost's decode, which names what is wrong.
-fn check_frame(bytes: &[u8]) -> Result<(), Status> {
+fn check_frame(bytes: &[u8]) -> Result<(), WireError> {
     let mut hits = 0usize;
     each_field(bytes, |field, value| {
         // HitBatchRequest.hits = 1, a BatchedHit.
@@ -75,31 +97,28 @@ fn check_frame(bytes: &[u8]) -> Result<(), Status> {
             return Ok(());
         };
         if hits == HIT_BATCH_HITS_MAX {
-            return Err(Status::invalid_argument(format!(
-                "hits: more than {HIT_BATCH_HITS_MAX} hits in one message"
-            )));
+            return Err(WireError::TooManyHits);
         }
         let index = hits;
         hits += 1;
         each_field(batched, |field, value| match (field, value) {
             // BatchedHit.hit = 2, the HitRequest.
-            (2, Some(hit)) if hit.len() > API_MESSAGE_BYTES_MAX => {
-                Err(Status::out_of_range(format!(
-                    "hits[{index}].hit: {} bytes, the limit is: {API_MESSAGE_BYTES_MAX} bytes",
-                    hit.len()
-                )))
-            }
+            (2, Some(hit)) if hit.len() > API_MESSAGE_BYTES_MAX => Err(WireError::HitTooLarge {
+                index,
+                bytes: hit.len(),
+            }),
             _ => Ok(()),
         })
     })
 }
 
 /// Calls `visit` with each top-level field of a protobuf message: its number, and its
-/// bytes when it is length-delimited. Stops quietly where the bytes do not parse.
-fn each_field(
+/// bytes when it is length-delimited. Stops quietly where the bytes do not parse, and at
+/// the first error of `visit`.
+fn each_field<E>(
     mut bytes: &[u8],
-    mut visit: impl FnMut(u64, Option<&[u8]>) -> Result<(), Status>,
-) -> Result<(), Status> {
+    mut visit: impl FnMut(u64, Option<&[u8]>) -> Result<(), E>,
+) -> Result<(), E> {
     while bytes.has_remaining() {
         let Ok(key) = prost::encoding::decode_varint(&mut bytes) else {
             return Ok(());
@@ -193,11 +212,11 @@ fn first_bad_hit(bytes: &Bytes) -> Option<(usize, Option<u64>, Option<Bytes>)> {
             if let (2, Some(request)) = (field, value) {
                 hit = Some(Bytes::copy_from_slice(request));
             }
-            Ok(())
+            Ok::<(), ()>(())
         });
         found = Some((index, id_of(batched), hit));
         // Stops the walk: the first bad hit is the one prost named.
-        Err(Status::cancelled(""))
+        Err(())
     });
     found
 }
@@ -337,14 +356,14 @@ mod tests {
         let full = frame(vec![hit(1); HIT_BATCH_HITS_MAX]);
         assert!(check_frame(&full).is_ok());
         let over = frame(vec![hit(1); HIT_BATCH_HITS_MAX + 1]);
-        let refused = check_frame(&over).expect_err("one hit too many");
+        let refused = Status::from(check_frame(&over).expect_err("one hit too many"));
         assert_eq!(refused.code(), tonic::Code::InvalidArgument);
         assert!(refused.message().starts_with("hits: "), "{refused:?}");
         // A claim key of n bytes (under 2^14) makes a hit of n + 6: two tags, two lengths.
         let at_limit = frame(vec![hit(1), hit(API_MESSAGE_BYTES_MAX - 6)]);
         assert!(check_frame(&at_limit).is_ok());
         let past = frame(vec![hit(1), hit(API_MESSAGE_BYTES_MAX)]);
-        let refused = check_frame(&past).expect_err("a hit over its limit");
+        let refused = Status::from(check_frame(&past).expect_err("a hit over its limit"));
         assert_eq!(refused.code(), tonic::Code::OutOfRange);
         assert!(
             refused.message().starts_with("hits[1].hit: ")

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use openraft::error::{CheckIsLeaderError, RaftError};
 
-use super::{Node, NodeError};
+use super::{FleetUnavailable, Node, NodeError};
 use crate::raft::{LogId, MemberNode, NodeId};
 
 /// How long a backup may wait for the fleet: the read's quorum round and a snapshot build.
@@ -30,7 +30,7 @@ impl Node {
         let read = tokio::time::timeout(BACKUP_WAIT, self.raft.ensure_linearizable())
             .await
             .map_err(|_| NodeError::Unavailable {
-                reason: "no quorum confirmed the leader in time".to_owned(),
+                why: FleetUnavailable::NoQuorum,
             })?
             .map_err(read_error)?;
         loop {
@@ -44,7 +44,7 @@ impl Node {
             }
             if started.elapsed() >= BACKUP_WAIT {
                 return Err(NodeError::Unavailable {
-                    reason: format!("no snapshot covered log index {} in time", index(read)),
+                    why: FleetUnavailable::NoSnapshot { index: index(read) },
                 });
             }
             self.raft.trigger().snapshot().await.map_err(fatal)?;
@@ -91,7 +91,7 @@ fn read_error(e: RaftError<NodeId, CheckIsLeaderError<NodeId, MemberNode>>) -> N
             leader_raft_addr: forward.leader_node.map(|n| n.raft_addr),
         },
         other => NodeError::Unavailable {
-            reason: other.to_string(),
+            why: FleetUnavailable::Read(Box::new(other)),
         },
     }
 }

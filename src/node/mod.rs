@@ -7,6 +7,7 @@
 
 use std::sync::Arc;
 
+use openraft::error::{CheckIsLeaderError, RaftError};
 use tokio::time::Instant;
 
 use crate::clock::Clock;
@@ -73,8 +74,11 @@ impl<T> Decided<T> {
 /// A call the node could not answer.
 #[derive(Debug, thiserror::Error)]
 pub enum NodeError {
-    #[error("the fleet did not answer in time: {reason}")]
-    Unavailable { reason: String },
+    #[error("the fleet did not answer in time: {why}")]
+    Unavailable {
+        #[source]
+        why: FleetUnavailable,
+    },
     #[error("overloaded, retry after {retry_after_ms} ms")]
     Overloaded { retry_after_ms: u64 },
     #[error("this node is not the leader (leader raft_addr: {leader_raft_addr:?})")]
@@ -89,6 +93,27 @@ pub enum NodeError {
     /// fields): nothing was written, and it is never decided locally instead.
     #[error("{refusal}")]
     Refused { refusal: Refusal },
+}
+
+/// Why the fleet could not take a call in time.
+#[derive(Debug, thiserror::Error)]
+pub enum FleetUnavailable {
+    /// The proposal queue knew no leader to send the call to.
+    #[error("no leader")]
+    NoLeader,
+    /// The proposal was not committed by its deadline (it may still commit later); the
+    /// reason as the proposal queue or the leader gave it, text on the wire between nodes.
+    #[error("{reason}")]
+    NotCommitted { reason: String },
+    /// A backup's linearizable read: no quorum confirmed the leadership in time.
+    #[error("no quorum confirmed the leader in time")]
+    NoQuorum,
+    /// A backup: no snapshot covering the read was built in time.
+    #[error("no snapshot covered log index {index} in time")]
+    NoSnapshot { index: u64 },
+    /// A backup's linearizable read failed (boxed: openraft's error is large).
+    #[error("{0}")]
+    Read(#[source] Box<RaftError<NodeId, CheckIsLeaderError<NodeId, MemberNode>>>),
 }
 
 impl NodeError {
@@ -115,12 +140,14 @@ impl From<ProposeRefusal> for NodeError {
     fn from(refusal: ProposeRefusal) -> Self {
         match refusal {
             ProposeRefusal::NotLeader { .. } => NodeError::Unavailable {
-                reason: "no leader".to_owned(),
+                why: FleetUnavailable::NoLeader,
             },
             ProposeRefusal::Overloaded { retry_after_ms } => {
                 NodeError::Overloaded { retry_after_ms }
             }
-            ProposeRefusal::Unavailable { reason } => NodeError::Unavailable { reason },
+            ProposeRefusal::Unavailable { reason } => NodeError::Unavailable {
+                why: FleetUnavailable::NotCommitted { reason },
+            },
             ProposeRefusal::Fatal { reason } => NodeError::Fatal { reason },
         }
     }

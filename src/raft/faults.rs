@@ -47,6 +47,11 @@ pub enum Direction {
     Incoming,
 }
 
+/// A fault rule sent to a node whose config does not allow them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("fault injection is off (config key fault_injection)")]
+pub struct FaultInjectionOff;
+
 /// The node's fault rules, shared by its peer client and peer service.
 #[derive(Clone, Default)]
 pub struct Faults {
@@ -90,9 +95,9 @@ impl Faults {
     ///
     /// # Errors
     /// When fault injection is not enabled in this node's config.
-    pub fn set(&self, rules: HashMap<NodeId, (Fault, Direction)>) -> Result<(), &'static str> {
+    pub fn set(&self, rules: HashMap<NodeId, (Fault, Direction)>) -> Result<(), FaultInjectionOff> {
         if !self.enabled {
-            return Err("fault injection is off (config key fault_injection)");
+            return Err(FaultInjectionOff);
         }
         let mut current = crate::lock::write(&self.rules);
         tracing::info!(?rules, "fault rules set");
@@ -125,9 +130,9 @@ impl Faults {
     ///
     /// # Errors
     /// When fault injection is not enabled in this node's config.
-    pub fn set_clock_offset_ms(&self, offset_ms: i64) -> Result<(), &'static str> {
+    pub fn set_clock_offset_ms(&self, offset_ms: i64) -> Result<(), FaultInjectionOff> {
         if !self.enabled {
-            return Err("fault injection is off (config key fault_injection)");
+            return Err(FaultInjectionOff);
         }
         if crate::clock::set_fault_offset_ms(offset_ms) {
             tracing::info!(offset_ms, "wall clock offset set");
@@ -140,9 +145,9 @@ impl Faults {
     ///
     /// # Errors
     /// When fault injection is not enabled in this node's config.
-    pub fn may_stop_raft_core(&self) -> Result<(), &'static str> {
+    pub fn may_stop_raft_core(&self) -> Result<(), FaultInjectionOff> {
         if !self.enabled {
-            return Err("fault injection is off (config key fault_injection)");
+            return Err(FaultInjectionOff);
         }
         tracing::warn!("stopping the Raft core on purpose (fault injection)");
         Ok(())
@@ -152,9 +157,9 @@ impl Faults {
     ///
     /// # Errors
     /// When fault injection is not enabled in this node's config.
-    pub fn hold_log_writes(&self, hold: bool) -> Result<(), &'static str> {
+    pub fn hold_log_writes(&self, hold: bool) -> Result<(), FaultInjectionOff> {
         if !self.enabled {
-            return Err("fault injection is off (config key fault_injection)");
+            return Err(FaultInjectionOff);
         }
         let (held, changed) = &*self.log_hold;
         *crate::lock::lock(held) = hold;

@@ -25,11 +25,94 @@ use super::clock_view::ClockView;
 use super::faults::{Fault, Faults};
 use super::{NodeId, ProposeRequest, ProposeResponse, Raft, TypeConfig};
 use crate::clock::wall_clock_us;
-use crate::codec;
-use crate::identity::{Caller, Identity, RefusalLog};
+use crate::codec::{self, CodecError};
+use crate::identity::{Caller, Identity, IdentityError, RefusalLog};
 use crate::pb::internal::peer_server::Peer;
 use crate::pb::internal::{PeerFrame, PeerMethod, RaftMessage};
-use crate::raft::snapshot::intake::{self, SnapshotIntake};
+use crate::raft::snapshot::intake::{self, SnapshotIntake, SnapshotRefused};
+
+/// What the `Peer` service refuses. Its gRPC codes are in `api::status`, the one table of
+/// them (this module does not import `api`: the table imports this type); each refusal's
+/// words are what the caller reads and what the refusal log writes.
+#[derive(Debug, thiserror::Error)]
+pub enum PeerCallError {
+    /// The connection's certificate names no identity of this fleet.
+    #[error("Peer: {0}")]
+    Identity(#[source] IdentityError),
+    /// The admin identity, refused before the call's message is read.
+    #[error("identity admin may not call Peer: only member nodes may")]
+    AdminCaller,
+    #[error("identity admin may not call Peer/{}: only member nodes may", .method.as_str_name())]
+    AdminCalls { method: PeerMethod },
+    /// A node that sends as another.
+    #[error(
+        "identity node {id} may not call Peer/{} as from_node_id {from_node_id}",
+        .method.as_str_name()
+    )]
+    NotAsItself {
+        id: NodeId,
+        method: PeerMethod,
+        from_node_id: NodeId,
+    },
+    #[error(
+        "identity node {id} may not call Peer/{}: it is not a member of this fleet",
+        .method.as_str_name()
+    )]
+    NotMember { id: NodeId, method: PeerMethod },
+    /// A learner sends no Vote, AppendEntries or InstallSnapshot.
+    #[error("identity node {id} is a learner and may not call Peer/{}", .method.as_str_name())]
+    Learner { id: NodeId, method: PeerMethod },
+    /// Traffic of another fleet; `cluster_id` as `identity::shown` prints the caller's.
+    #[error(
+        "refused raft traffic from another cluster: cluster_id {cluster_id} is not this \
+         node's cluster `{ours}`"
+    )]
+    OtherCluster { cluster_id: String, ours: String },
+    /// A vote that is not the caller's own: a node campaigns and leads only as itself.
+    #[error("{field}: identity node {id} may not send a vote of node {vote_node_id}")]
+    VoteOfAnother {
+        field: &'static str,
+        id: NodeId,
+        vote_node_id: NodeId,
+    },
+    /// A fault rule drops the sender's calls.
+    #[error("fault injection: dropped")]
+    Dropped,
+    /// A vote refused to a candidate whose clock is too far from this node's.
+    #[error("wall_clock_us: {reason}")]
+    ClockSkew { reason: String },
+    #[error("{0}")]
+    Snapshot(#[source] SnapshotRefused),
+    #[error("payload: {bytes} bytes, a Propose is at most {PROPOSE_BYTES_MAX}")]
+    ProposeTooLarge { bytes: usize },
+    #[error(
+        "commands: {count} commands, a Propose carries at most {}",
+        crate::config::BATCH_COMMANDS_MAX_MAX
+    )]
+    TooManyCommands { count: usize },
+    #[error("method: not set")]
+    MethodNotSet,
+    #[error("method: {method} is not a Peer method")]
+    NotAMethod { method: i32 },
+    /// A term or log index past [`TERM_OR_INDEX_MAX`].
+    #[error("{field}: {value} is past {TERM_OR_INDEX_MAX}")]
+    PastBound { field: String, value: u64 },
+    /// An entry the follower could not apply.
+    #[error(
+        "entries[{entry}].payload.commands[{command}]: does not decode to one command: {source}"
+    )]
+    EntryDoesNotDecode {
+        entry: usize,
+        command: usize,
+        #[source]
+        source: CodecError,
+    },
+    #[error("payload: {0}")]
+    Payload(#[source] CodecError),
+    /// This node's answer did not encode.
+    #[error("encode: {0}")]
+    Encode(#[source] CodecError),
+}
 
 /// Where `Propose` calls go: the node's proposal queue (implemented by `node`).
 pub trait ProposalSink: Send + Sync + 'static {
@@ -113,7 +196,7 @@ impl PeerService {
 
     /// Reads the clock `frame` carries; the reason to refuse it, for a vote request from a
     /// candidate whose clock is too far from this node's.
-    fn read_clock(&self, method: PeerMethod, frame: &PeerFrame) -> Result<(), Status> {
+    fn read_clock(&self, method: PeerMethod, frame: &PeerFrame) -> Result<(), PeerCallError> {
         let Some(clock) = &self.clock else {
             return Ok(());
         };
@@ -128,9 +211,7 @@ impl PeerService {
             Some(reason) if method == PeerMethod::Vote => {
                 metrics::counter!("ankusa_votes_refused_for_clock_total").increment(1);
                 tracing::warn!(candidate = frame.from_node_id, %reason, "refused a vote");
-                Err(Status::failed_precondition(format!(
-                    "wall_clock_us: {reason}"
-                )))
+                Err(PeerCallError::ClockSkew { reason })
             }
             _ => Ok(()),
         }
@@ -138,15 +219,16 @@ impl PeerService {
 
     /// Who calls on the connection `request` came on; a certificate without an identity of
     /// this fleet is refused (and logged once per connection).
-    fn caller<T>(&self, request: &Request<T>) -> Result<Caller, Status> {
+    fn caller<T>(&self, request: &Request<T>) -> Result<Caller, PeerCallError> {
         // `before_reading` read the certificate already and left what it found.
         if let Some(caller) = request.extensions().get::<Caller>() {
             return Ok(*caller);
         }
         crate::identity::caller_of(request, self.tls, &self.cluster_id).map_err(|e| {
-            let refusal = format!("Peer: {e}");
-            self.refusals.once(request.remote_addr(), &refusal);
-            Status::permission_denied(refusal)
+            let refusal = PeerCallError::Identity(e);
+            self.refusals
+                .once(request.remote_addr(), &refusal.to_string());
+            refusal
         })
     }
 
@@ -158,22 +240,18 @@ impl PeerService {
         caller: Caller,
         method: PeerMethod,
         from_node_id: NodeId,
-    ) -> Result<(), String> {
+    ) -> Result<(), PeerCallError> {
         let id = match caller {
             Caller::Unauthenticated => return Ok(()),
-            Caller::Verified(Identity::Admin) => {
-                return Err(format!(
-                    "identity admin may not call Peer/{}: only member nodes may",
-                    method.as_str_name()
-                ))
-            }
+            Caller::Verified(Identity::Admin) => return Err(PeerCallError::AdminCalls { method }),
             Caller::Verified(Identity::Node(id)) => id,
         };
         if id != from_node_id {
-            return Err(format!(
-                "identity node {id} may not call Peer/{} as from_node_id {from_node_id}",
-                method.as_str_name()
-            ));
+            return Err(PeerCallError::NotAsItself {
+                id,
+                method,
+                from_node_id,
+            });
         }
         let (member, learner) = self.membership_of(id);
         // A leader's traffic is taken from a node this node does not know as a member yet:
@@ -185,20 +263,14 @@ impl PeerService {
             PeerMethod::AppendEntries | PeerMethod::InstallSnapshot
         );
         if !member && !leader_traffic {
-            return Err(format!(
-                "identity node {id} may not call Peer/{}: it is not a member of this fleet",
-                method.as_str_name()
-            ));
+            return Err(PeerCallError::NotMember { id, method });
         }
         let leads = matches!(
             method,
             PeerMethod::Vote | PeerMethod::AppendEntries | PeerMethod::InstallSnapshot
         );
         if leads && learner {
-            return Err(format!(
-                "identity node {id} is a learner and may not call Peer/{}",
-                method.as_str_name()
-            ));
+            return Err(PeerCallError::Learner { id, method });
         }
         Ok(())
     }
@@ -234,12 +306,12 @@ impl PeerService {
                     request.extensions_mut().insert(caller);
                     return Ok(request);
                 }
-                Caller::Verified(Identity::Admin) => {
-                    "identity admin may not call Peer: only member nodes may".to_owned()
-                }
+                Caller::Verified(Identity::Admin) => PeerCallError::AdminCaller,
             };
-            service.refusals.once(request.remote_addr(), &refusal);
-            Err(Status::permission_denied(refusal))
+            service
+                .refusals
+                .once(request.remote_addr(), &refusal.to_string());
+            Err(refusal.into())
         }
     }
 
@@ -252,25 +324,24 @@ impl PeerService {
         method: PeerMethod,
         cluster_id: &str,
         from_node_id: NodeId,
-    ) -> Option<Result<(), Status>> {
+    ) -> Option<Result<(), PeerCallError>> {
         if let Err(refusal) = self.authorize(caller, method, from_node_id) {
-            self.refusals.once(remote, &refusal);
-            return Some(Err(Status::permission_denied(refusal)));
+            self.refusals.once(remote, &refusal.to_string());
+            return Some(Err(refusal));
         }
         match self.faults.incoming(from_node_id) {
-            Some(Fault::Drop) => return Some(Err(Status::unavailable("fault injection: dropped"))),
+            Some(Fault::Drop) => return Some(Err(PeerCallError::Dropped)),
             Some(Fault::Blackhole) => return None,
             Some(Fault::Delay(delay)) => tokio::time::sleep(delay).await,
             None => {}
         }
         if cluster_id != &*self.cluster_id {
-            let refusal = format!(
-                "refused raft traffic from another cluster: cluster_id {} is not this node's cluster `{}`",
-                crate::identity::shown(cluster_id),
-                self.cluster_id
-            );
-            self.refusals.once(remote, &refusal);
-            return Some(Err(Status::permission_denied(refusal)));
+            let refusal = PeerCallError::OtherCluster {
+                cluster_id: crate::identity::shown(cluster_id),
+                ours: self.cluster_id.to_string(),
+            };
+            self.refusals.once(remote, &refusal.to_string());
+            return Some(Err(refusal));
         }
         Some(Ok(()))
     }
@@ -284,7 +355,7 @@ impl PeerService {
         method: PeerMethod,
         payload: &[u8],
         entered: Option<oneshot::Sender<()>>,
-    ) -> Result<Vec<u8>, Status> {
+    ) -> Result<Vec<u8>, PeerCallError> {
         match method {
             PeerMethod::AppendEntries => {
                 let request: AppendEntriesRequest<TypeConfig> = open(payload)?;
@@ -323,23 +394,20 @@ impl PeerService {
                 )?;
                 let answer = intake::receive(&self.raft, &self.intake, request)
                     .await
-                    .map_err(|refused| Status::invalid_argument(refused.to_string()))?;
+                    .map_err(PeerCallError::Snapshot)?;
                 seal(&answer)
             }
             PeerMethod::Propose => {
                 if payload.len() > PROPOSE_BYTES_MAX {
-                    return Err(Status::invalid_argument(format!(
-                        "payload: {} bytes, a Propose is at most {PROPOSE_BYTES_MAX}",
-                        payload.len()
-                    )));
+                    return Err(PeerCallError::ProposeTooLarge {
+                        bytes: payload.len(),
+                    });
                 }
                 let request: ProposeRequest = open(payload)?;
                 if request.commands.len() > crate::config::BATCH_COMMANDS_MAX_MAX {
-                    return Err(Status::invalid_argument(format!(
-                        "commands: {} commands, a Propose carries at most {}",
-                        request.commands.len(),
-                        crate::config::BATCH_COMMANDS_MAX_MAX
-                    )));
+                    return Err(PeerCallError::TooManyCommands {
+                        count: request.commands.len(),
+                    });
                 }
                 let sender = match caller {
                     Caller::Verified(Identity::Node(id)) => Some(id),
@@ -349,7 +417,7 @@ impl PeerService {
                 drop(entered);
                 seal(&answer.await)
             }
-            PeerMethod::Unspecified => Err(Status::invalid_argument("method: not set")),
+            PeerMethod::Unspecified => Err(PeerCallError::MethodNotSet),
         }
     }
 
@@ -419,10 +487,9 @@ impl PeerService {
                     Err(refused) => Err(refused),
                 }
             }
-            Err(_) => Err(Status::invalid_argument(format!(
-                "method: {} is not a Peer method",
-                frame.method
-            ))),
+            Err(_) => Err(PeerCallError::NotAMethod {
+                method: frame.method,
+            }),
         };
         // Only a node that reads clocks shows its own.
         let wall_clock_us = self.clock.as_ref().map_or(0, |_| wall_clock_us());
@@ -433,13 +500,16 @@ impl PeerService {
                 wall_clock_us,
                 ..PeerFrame::default()
             },
-            Err(status) => PeerFrame {
-                call_id: frame.call_id,
-                error_code: status.code() as i32,
-                error_message: status.message().to_owned(),
-                wall_clock_us,
-                ..PeerFrame::default()
-            },
+            Err(refused) => {
+                let status = Status::from(refused);
+                PeerFrame {
+                    call_id: frame.call_id,
+                    error_code: status.code() as i32,
+                    error_message: status.message().to_owned(),
+                    wall_clock_us,
+                    ..PeerFrame::default()
+                }
+            }
         })
     }
 }
@@ -455,18 +525,21 @@ pub const PROPOSE_BYTES_MAX: usize =
 /// openraft's `term + 1` and `index + 1` would overflow on it.
 pub const TERM_OR_INDEX_MAX: u64 = 1 << 62;
 
-fn out_of_bounds(field: &str, value: u64) -> Status {
-    Status::invalid_argument(format!("{field}: {value} is past {TERM_OR_INDEX_MAX}"))
+fn out_of_bounds(field: &str, value: u64) -> PeerCallError {
+    PeerCallError::PastBound {
+        field: field.to_owned(),
+        value,
+    }
 }
 
-fn bounded_vote(field: &str, vote: &openraft::Vote<NodeId>) -> Result<(), Status> {
+fn bounded_vote(field: &str, vote: &openraft::Vote<NodeId>) -> Result<(), PeerCallError> {
     match vote.leader_id.term {
         term if term > TERM_OR_INDEX_MAX => Err(out_of_bounds(&format!("{field}.term"), term)),
         _ => Ok(()),
     }
 }
 
-fn bounded_log_id(field: &str, log_id: Option<&super::LogId>) -> Result<(), Status> {
+fn bounded_log_id(field: &str, log_id: Option<&super::LogId>) -> Result<(), PeerCallError> {
     let Some(log_id) = log_id else {
         return Ok(());
     };
@@ -486,15 +559,16 @@ fn bounded_log_id(field: &str, log_id: Option<&super::LogId>) -> Result<(), Stat
 /// must be the caller's own: a node campaigns and leads only as itself.
 fn sent_as_caller(
     caller: Caller,
-    field: &str,
+    field: &'static str,
     vote: &openraft::Vote<NodeId>,
-) -> Result<(), Status> {
+) -> Result<(), PeerCallError> {
     match caller {
         Caller::Verified(Identity::Node(id)) if vote.leader_id.node_id != id => {
-            Err(Status::permission_denied(format!(
-                "{field}: identity node {id} may not send a vote of node {}",
-                vote.leader_id.node_id
-            )))
+            Err(PeerCallError::VoteOfAnother {
+                field,
+                id,
+                vote_node_id: vote.leader_id.node_id,
+            })
         }
         _ => Ok(()),
     }
@@ -504,28 +578,30 @@ fn sent_as_caller(
 /// log: a follower writes what it acknowledges, and an entry it cannot apply would stop
 /// its Raft core at apply (and again at every restart, replaying it). Decoded only to be
 /// checked; the log keeps the bytes the leader sent.
-fn entries_decode(entries: &[super::Entry]) -> Result<(), Status> {
+fn entries_decode(entries: &[super::Entry]) -> Result<(), PeerCallError> {
     for (i, entry) in entries.iter().enumerate() {
         let openraft::EntryPayload::Normal(request) = &entry.payload else {
             continue;
         };
         for (j, command) in request.commands.iter().enumerate() {
-            if let Err(e) = command.decode() {
-                return Err(Status::invalid_argument(format!(
-                    "entries[{i}].payload.commands[{j}]: does not decode to one command: {e}"
-                )));
+            if let Err(source) = command.decode() {
+                return Err(PeerCallError::EntryDoesNotDecode {
+                    entry: i,
+                    command: j,
+                    source,
+                });
             }
         }
     }
     Ok(())
 }
 
-fn open<T: DeserializeOwned>(payload: &[u8]) -> Result<T, Status> {
-    codec::decode(payload).map_err(|e| Status::invalid_argument(format!("payload: {e}")))
+fn open<T: DeserializeOwned>(payload: &[u8]) -> Result<T, PeerCallError> {
+    codec::decode(payload).map_err(PeerCallError::Payload)
 }
 
-fn seal<T: Serialize>(value: &T) -> Result<Vec<u8>, Status> {
-    codec::encode(value).map_err(|e| Status::internal(format!("encode: {e}")))
+fn seal<T: Serialize>(value: &T) -> Result<Vec<u8>, PeerCallError> {
+    codec::encode(value).map_err(PeerCallError::Encode)
 }
 
 #[tonic::async_trait]
@@ -643,7 +719,7 @@ mod tests {
         ];
         assert!(entries_decode(&sound).is_ok());
         let rogue = [entry(1, vec![good.clone()]), entry(2, vec![good, bad])];
-        let err = entries_decode(&rogue).expect_err("a command that does not decode");
+        let err = Status::from(entries_decode(&rogue).expect_err("a command that does not decode"));
         assert_eq!(err.code(), tonic::Code::InvalidArgument);
         assert!(
             err.message()
@@ -655,15 +731,16 @@ mod tests {
     #[test]
     fn terms_and_indexes_past_the_bound_are_refused_by_field() {
         let past = TERM_OR_INDEX_MAX + 1;
-        let err = bounded_vote("vote", &openraft::Vote::new(past, 1)).expect_err("past");
+        let err =
+            Status::from(bounded_vote("vote", &openraft::Vote::new(past, 1)).expect_err("past"));
         assert!(err.message().starts_with("vote.term"), "{err:?}");
         assert!(bounded_vote("vote", &openraft::Vote::new(TERM_OR_INDEX_MAX, 1)).is_ok());
         let index = crate::raft::LogId::new(openraft::CommittedLeaderId::new(1, 1), u64::MAX);
-        let err = bounded_log_id("prev_log_id", Some(&index)).expect_err("past");
+        let err = Status::from(bounded_log_id("prev_log_id", Some(&index)).expect_err("past"));
         assert!(err.message().starts_with("prev_log_id.index"), "{err:?}");
         assert_eq!(err.code(), tonic::Code::InvalidArgument);
         let term = crate::raft::LogId::new(openraft::CommittedLeaderId::new(past, 1), 1);
-        let err = bounded_log_id("meta.last_log_id", Some(&term)).expect_err("past");
+        let err = Status::from(bounded_log_id("meta.last_log_id", Some(&term)).expect_err("past"));
         assert!(
             err.message().starts_with("meta.last_log_id.term"),
             "{err:?}"

@@ -78,7 +78,7 @@ pub enum StartError {
     )]
     RestoreIncomplete { path: String, marker: String },
     #[error("raft log store: {0}")]
-    LogStore(String),
+    LogStore(#[from] crate::raft::log_store::LogStoreError),
     #[error("sled store {path}: {reason}")]
     Sled { path: String, reason: String },
     /// The snapshot in `state.sled` does not read, or does not fit the log.
@@ -89,7 +89,7 @@ pub enum StartError {
     #[error("raft config: {0}")]
     RaftConfig(#[from] openraft::ConfigError),
     #[error("raft: {0}")]
-    Raft(String),
+    Raft(#[from] openraft::error::Fatal<crate::raft::NodeId>),
     #[error("{0}")]
     Tls(#[from] crate::tls::TlsError),
     #[error("grpc reflection: {0}")]
@@ -277,8 +277,7 @@ pub async fn start(config: NodeConfig, listeners: Listeners) -> Result<RunningNo
         log_store,
         state.clone(),
     )
-    .await
-    .map_err(|e| StartError::Raft(e.to_string()))?;
+    .await?;
     let limits = BatchLimits {
         batch_commands_max: config.batch_commands_max,
         queue_depth_max: config.queue_depth_max,
@@ -507,13 +506,10 @@ fn open_stores(config: &NodeConfig) -> Result<Stores, StartError> {
         &config.data_dir.join(RAFT_LOG_FILE),
         config.node_id,
         faults.clone(),
-    )
-    .map_err(|e| StartError::LogStore(e.to_string()))?;
+    )?;
     let durable = log_store.durable();
     let log_bytes = log_store.log_bytes();
-    let purged = log_store
-        .last_purged()
-        .map_err(|e| StartError::LogStore(e.to_string()))?;
+    let purged = log_store.last_purged()?;
     let sled_path = config.data_dir.join(STATE_SLED_DIR);
     let disk = open_sled(&sled_path)?;
     let state = open_state(&sled_path, &disk, &durable, purged, faults.planted())?;
@@ -570,12 +566,7 @@ fn envoy_limits(config: &NodeConfig) -> Result<crate::api::envoy::limits_file::L
 /// Every initial member does this; openraft makes repeats with the same config safe, so
 /// the cluster forms exactly once whatever order the nodes start in.
 async fn form_cluster_once(raft: &Raft, config: &NodeConfig) -> Result<(), StartError> {
-    if !config.is_initial_member()
-        || raft
-            .is_initialized()
-            .await
-            .map_err(|e| StartError::Raft(e.to_string()))?
-    {
+    if !config.is_initial_member() || raft.is_initialized().await? {
         return Ok(());
     }
     let members: BTreeMap<u64, MemberNode> = config

@@ -23,10 +23,11 @@ use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimit
 use envoy_types::pb::google::protobuf::Duration as ProtoDuration;
 use tonic::{Request, Response, Status};
 
-use crate::api::drain::DrainGate;
+use crate::api::drain::{DrainGate, Draining};
+use crate::api::validate::InvalidArgument;
 use crate::contract::{CHARGES_MAX, ID_BYTES_MAX, KEY_BYTES_MAX};
 use crate::node::request::{CheckRateInput, Scope};
-use crate::node::{DecidedBy, Node};
+use crate::node::{DecidedBy, Node, NodeError};
 use crate::state::{BucketKey, Charge, HitAnswer};
 use limits_file::{Limit, Limits, Unit};
 
@@ -58,12 +59,28 @@ impl EnvoyService {
     }
 }
 
-fn invalid(field: String, why: &str) -> Status {
-    Status::invalid_argument(format!("{field}: {why}"))
+/// What `ShouldRateLimit` refuses (its codes are in `api::status`).
+#[derive(Debug, thiserror::Error)]
+pub enum EnvoyError {
+    #[error(transparent)]
+    Draining(#[from] Draining),
+    /// A request field that breaks an input rule, named by its path.
+    #[error(transparent)]
+    Invalid(#[from] InvalidArgument),
+    /// The fleet's or the node's error for a descriptor (the ones before it stay charged).
+    #[error(transparent)]
+    Node(#[from] NodeError),
+}
+
+fn invalid(field: String, why: &str) -> EnvoyError {
+    EnvoyError::Invalid(InvalidArgument {
+        field,
+        reason: why.to_owned(),
+    })
 }
 
 /// A descriptor's entries, checked against the input limits (contract §9's sizes).
-fn entries(i: usize, descriptor: &RateLimitDescriptor) -> Result<Vec<(&str, &str)>, Status> {
+fn entries(i: usize, descriptor: &RateLimitDescriptor) -> Result<Vec<(&str, &str)>, EnvoyError> {
     if descriptor.is_negative_hits {
         // A refund of budget: GCRA buckets in the log only ever charge.
         return Err(invalid(
@@ -164,7 +181,7 @@ impl EnvoyService {
         entries: &[(&str, &str)],
         hits: u64,
         timeout: Duration,
-    ) -> Result<Decided, Status> {
+    ) -> Result<Decided, EnvoyError> {
         let ok = |current_limit| Decided {
             status: DescriptorStatus {
                 code: Code::Ok as i32,
@@ -220,11 +237,7 @@ impl EnvoyService {
             timeout,
             scope: Scope::Fleet,
         };
-        let decided = self
-            .node
-            .check_rate(input)
-            .await
-            .map_err(crate::api::status_of)?;
+        let decided = self.node.check_rate(input).await?;
         let by = match decided.decided_by {
             DecidedBy::Fleet => "fleet",
             DecidedBy::Local { .. } => "local",
@@ -271,7 +284,7 @@ impl RateLimitService for EnvoyService {
         request: Request<RateLimitRequest>,
     ) -> Result<Response<RateLimitResponse>, Status> {
         let started = Instant::now();
-        let answer = self.answer(request).await;
+        let answer = self.answer(request).await.map_err(Status::from);
         let outcome = match &answer {
             Ok(response) if response.get_ref().overall_code == Code::OverLimit as i32 => {
                 "over_limit"
@@ -291,7 +304,7 @@ impl EnvoyService {
     async fn answer(
         &self,
         request: Request<RateLimitRequest>,
-    ) -> Result<Response<RateLimitResponse>, Status> {
+    ) -> Result<Response<RateLimitResponse>, EnvoyError> {
         let _call = self.gate.enter()?;
         // The caller's deadline covers the way back too: the answer leaves a tenth of it
         // early.
