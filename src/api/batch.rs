@@ -167,35 +167,7 @@ impl Frames {
             self.start(hits, Box::pin(async move { (hits, answers) }));
             return;
         }
-        let mut refused_hits: Answers = Vec::new();
-        let mut runs: Vec<Run> = Vec::new();
-        for batched in frame.hits {
-            let Some(hit) = batched.hit else {
-                let missing = validate::InvalidArgument {
-                    field: "hit".to_owned(),
-                    reason: "must be set".to_owned(),
-                };
-                refused_hits.push((batched.id, Err(Status::from(missing))));
-                continue;
-            };
-            match validate::hit(hit, self.defaults) {
-                Err(e) => refused_hits.push((batched.id, Err(Status::from(e)))),
-                Ok(input) => {
-                    let fleet_only = route(&input) == Route::FleetOnly;
-                    match runs.last_mut() {
-                        Some(run) if run.takes(fleet_only, input.timeout) => {
-                            run.push(batched.id, input);
-                        }
-                        _ => runs.push(Run {
-                            fleet_timeout: fleet_only.then_some(input.timeout),
-                            longest: input.timeout,
-                            ids: vec![batched.id],
-                            inputs: vec![input],
-                        }),
-                    }
-                }
-            }
-        }
+        let (refused_hits, runs) = validated_runs(frame.hits, self.defaults);
         if !refused_hits.is_empty() {
             count_answers(&refused_hits);
             let hits = refused_hits.len();
@@ -240,6 +212,41 @@ impl Frames {
         self.hits_in_flight += hits;
         self.groups.push(group);
     }
+}
+
+/// Validates a frame's hits: the refusals by id, and the valid hits in runs of one group
+/// each (`Run::takes`), in the frame's order.
+fn validated_runs(hits: Vec<pb::BatchedHit>, defaults: RequestDefaults) -> (Answers, Vec<Run>) {
+    let mut refused_hits: Answers = Vec::new();
+    let mut runs: Vec<Run> = Vec::new();
+    for batched in hits {
+        let Some(hit) = batched.hit else {
+            let missing = validate::InvalidArgument {
+                field: "hit".to_owned(),
+                reason: "must be set".to_owned(),
+            };
+            refused_hits.push((batched.id, Err(Status::from(missing))));
+            continue;
+        };
+        match validate::hit(hit, defaults) {
+            Err(e) => refused_hits.push((batched.id, Err(Status::from(e)))),
+            Ok(input) => {
+                let fleet_only = route(&input) == Route::FleetOnly;
+                match runs.last_mut() {
+                    Some(run) if run.takes(fleet_only, input.timeout) => {
+                        run.push(batched.id, input);
+                    }
+                    _ => runs.push(Run {
+                        fleet_timeout: fleet_only.then_some(input.timeout),
+                        longest: input.timeout,
+                        ids: vec![batched.id],
+                        inputs: vec![input],
+                    }),
+                }
+            }
+        }
+    }
+    (refused_hits, runs)
 }
 
 /// Every hit of a group the draining node no longer takes, answered with that refusal.

@@ -358,22 +358,7 @@ impl PeerService {
     ) -> Result<Vec<u8>, PeerCallError> {
         match method {
             PeerMethod::AppendEntries => {
-                let request: AppendEntriesRequest<TypeConfig> = open(payload)?;
-                bounded_vote("vote", &request.vote)?;
-                sent_as_caller(caller, "vote.leader_id.node_id", &request.vote)?;
-                bounded_log_id("prev_log_id", request.prev_log_id.as_ref())?;
-                bounded_log_id("leader_commit", request.leader_commit.as_ref())?;
-                if let Some(i) = request
-                    .entries
-                    .iter()
-                    .position(|entry| bounded_log_id("", Some(&entry.log_id)).is_err())
-                {
-                    bounded_log_id(
-                        &format!("entries[{i}].log_id"),
-                        Some(&request.entries[i].log_id),
-                    )?;
-                }
-                entries_decode(&request.entries)?;
+                let request = checked_append(caller, payload)?;
                 seal(&self.raft.append_entries(request).await)
             }
             PeerMethod::Vote => {
@@ -524,6 +509,32 @@ pub const PROPOSE_BYTES_MAX: usize =
 /// indexes by one per entry, so no fleet comes near it; a message past it is garbage, and
 /// openraft's `term + 1` and `index + 1` would overflow on it.
 pub const TERM_OR_INDEX_MAX: u64 = 1 << 62;
+
+/// An `AppendEntries` call's request, decoded and checked before openraft gets it: its
+/// vote is the caller's, its log ids are in bounds, and every command of every entry
+/// decodes (`entries_decode`).
+fn checked_append(
+    caller: Caller,
+    payload: &[u8],
+) -> Result<AppendEntriesRequest<TypeConfig>, PeerCallError> {
+    let request: AppendEntriesRequest<TypeConfig> = open(payload)?;
+    bounded_vote("vote", &request.vote)?;
+    sent_as_caller(caller, "vote.leader_id.node_id", &request.vote)?;
+    bounded_log_id("prev_log_id", request.prev_log_id.as_ref())?;
+    bounded_log_id("leader_commit", request.leader_commit.as_ref())?;
+    if let Some(i) = request
+        .entries
+        .iter()
+        .position(|entry| bounded_log_id("", Some(&entry.log_id)).is_err())
+    {
+        bounded_log_id(
+            &format!("entries[{i}].log_id"),
+            Some(&request.entries[i].log_id),
+        )?;
+    }
+    entries_decode(&request.entries)?;
+    Ok(request)
+}
 
 fn out_of_bounds(field: &str, value: u64) -> PeerCallError {
     PeerCallError::PastBound {

@@ -174,6 +174,20 @@ struct Decided {
     over: bool,
 }
 
+/// A descriptor asking more hits at once than its bucket ever holds: over its limit,
+/// with nothing charged.
+fn never_allowed(current_limit: Option<RateLimit>, shadow: bool) -> Decided {
+    Decided {
+        status: DescriptorStatus {
+            code: if shadow { Code::Ok } else { Code::OverLimit } as i32,
+            current_limit,
+            ..Default::default()
+        },
+        by: None,
+        over: true,
+    }
+}
+
 impl EnvoyService {
     async fn decide(
         &self,
@@ -216,17 +230,7 @@ impl EnvoyService {
         // More hits at once than the bucket ever holds can never be allowed.
         let increment_us = match per_hit_us.checked_mul(hits) {
             Some(increment_us) if increment_us <= capacity_us => increment_us,
-            _ => {
-                return Ok(Decided {
-                    status: DescriptorStatus {
-                        code: if *shadow { Code::Ok } else { Code::OverLimit } as i32,
-                        current_limit,
-                        ..Default::default()
-                    },
-                    by: None,
-                    over: true,
-                })
-            }
+            _ => return Ok(never_allowed(current_limit, *shadow)),
         };
         let input = CheckRateInput {
             charge: Charge {
@@ -238,6 +242,25 @@ impl EnvoyService {
             scope: Scope::Fleet,
         };
         let decided = self.node.check_rate(input).await?;
+        Ok(self.charged(
+            decided,
+            &bucket,
+            (capacity_us, per_hit_us),
+            current_limit,
+            *shadow,
+        ))
+    }
+
+    /// The descriptor's status once the fleet (or this node) decided its charge: over or
+    /// not, and what is left, read off this node's replica.
+    fn charged(
+        &self,
+        decided: crate::node::Decided<HitAnswer>,
+        bucket: &BucketKey,
+        (capacity_us, per_hit_us): (u64, u64),
+        current_limit: Option<RateLimit>,
+        shadow: bool,
+    ) -> Decided {
         let by = match decided.decided_by {
             DecidedBy::Fleet => "fleet",
             DecidedBy::Local { .. } => "local",
@@ -245,7 +268,7 @@ impl EnvoyService {
         // What is left, read off this node's replica: its TAT ahead of the clock. A
         // follower's replica may not have applied the charge yet, so a refusal says 0 left
         // and at least its own retry hint until the reset.
-        let mut ahead_us = self.node.bucket_ahead_us(&bucket);
+        let mut ahead_us = self.node.bucket_ahead_us(bucket);
         let over = match decided.answer {
             HitAnswer::RateLimited { retry_after_ms } => {
                 ahead_us = ahead_us.max(retry_after_ms.saturating_mul(1_000));
@@ -258,12 +281,12 @@ impl EnvoyService {
         } else {
             capacity_us.saturating_sub(ahead_us) / per_hit_us
         };
-        let code = if over && !*shadow {
+        let code = if over && !shadow {
             Code::OverLimit
         } else {
             Code::Ok
         };
-        Ok(Decided {
+        Decided {
             status: DescriptorStatus {
                 code: code as i32,
                 current_limit,
@@ -273,8 +296,41 @@ impl EnvoyService {
             },
             by: Some(by),
             over,
-        })
+        }
     }
+}
+
+/// One descriptor's entries, as (key, value) pairs, and the hits it asks for.
+type Asked<'a> = (Vec<(&'a str, &'a str)>, u64);
+
+/// The request's descriptors, checked (contract §9's limits, as `Fleet` applies them), as
+/// the entries each one walks the limits file with and the hits it asks for.
+fn asked(request: &RateLimitRequest) -> Result<Vec<Asked<'_>>, EnvoyError> {
+    if request.domain.is_empty() || request.domain.len() > ID_BYTES_MAX {
+        return Err(invalid(
+            "domain".to_owned(),
+            &format!("must be 1 to {ID_BYTES_MAX} bytes"),
+        ));
+    }
+    if request.descriptors.is_empty() {
+        return Err(invalid("descriptors".to_owned(), "must not be empty"));
+    }
+    if request.descriptors.len() > CHARGES_MAX {
+        return Err(invalid(
+            "descriptors".to_owned(),
+            &format!("at most {CHARGES_MAX}"),
+        ));
+    }
+    let mut asked = Vec::with_capacity(request.descriptors.len());
+    for (i, descriptor) in request.descriptors.iter().enumerate() {
+        // A descriptor's own hits_addend wins over the request's; 0 means 1.
+        let hits = descriptor
+            .hits_addend
+            .map_or(u64::from(request.hits_addend), |addend| addend.value)
+            .max(1);
+        asked.push((entries(i, descriptor)?, hits));
+    }
+    Ok(asked)
 }
 
 #[tonic::async_trait]
@@ -316,30 +372,7 @@ impl EnvoyService {
         }
         .min(self.timeout_default);
         let request = request.into_inner();
-        if request.domain.is_empty() || request.domain.len() > ID_BYTES_MAX {
-            return Err(invalid(
-                "domain".to_owned(),
-                &format!("must be 1 to {ID_BYTES_MAX} bytes"),
-            ));
-        }
-        if request.descriptors.is_empty() {
-            return Err(invalid("descriptors".to_owned(), "must not be empty"));
-        }
-        if request.descriptors.len() > CHARGES_MAX {
-            return Err(invalid(
-                "descriptors".to_owned(),
-                &format!("at most {CHARGES_MAX}"),
-            ));
-        }
-        let mut asked = Vec::with_capacity(request.descriptors.len());
-        for (i, descriptor) in request.descriptors.iter().enumerate() {
-            // A descriptor's own hits_addend wins over the request's; 0 means 1.
-            let hits = descriptor
-                .hits_addend
-                .map_or(u64::from(request.hits_addend), |addend| addend.value)
-                .max(1);
-            asked.push((entries(i, descriptor)?, hits));
-        }
+        let asked = asked(&request)?;
         let decisions = futures::future::join_all(
             asked
                 .iter()
