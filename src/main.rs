@@ -64,8 +64,18 @@ enum Cmd {
 }
 
 #[tokio::main]
-async fn main() -> anyhow::Result<()> {
-    match Args::parse().command {
+async fn main() -> std::process::ExitCode {
+    match run(Args::parse().command).await {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("Error: {}", cmd::one_line(&error));
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(command: Cmd) -> anyhow::Result<()> {
+    match command {
         Cmd::Serve { config } => cmd::serve::run(config).await,
         Cmd::Dev { data_dir } => cmd::dev::run(&data_dir).await,
         Cmd::Bench(plan) => cmd::print_json(&cmd::bench::run(plan).await?),

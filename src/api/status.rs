@@ -6,7 +6,9 @@
 //! the boundary.
 //!
 //! It decides codes and nothing else: what is refused, and the words, are the error
-//! types' own, beside the code that refuses.
+//! types' own, beside the code that refuses. (The edge's readers of `HitStream` and
+//! `HitBatch` replies, `api::stream_reply_result` and `batch::answer_result`, turn an
+//! error carried in a reply back into the `Status` it was; they refuse nothing.)
 
 use tonic::{Code, Status};
 
@@ -419,9 +421,45 @@ mod tests {
             (PeerCallError::Encode(codec()), Code::Internal),
         ];
         assert_table(peer, Status::from);
-        assert_eq!(
-            Status::from(PeerCallError::AdminCalls { method }).message(),
-            "identity admin may not call Peer/PEER_METHOD_VOTE: only member nodes may"
-        );
+        // The refusals an operator reads in a peer's log and a rogue caller receives, word
+        // for word.
+        let words = [
+            (
+                PeerCallError::AdminCalls { method },
+                "identity admin may not call Peer/PEER_METHOD_VOTE: only member nodes may",
+            ),
+            (
+                PeerCallError::AdminCaller,
+                "identity admin may not call Peer: only member nodes may",
+            ),
+            (
+                PeerCallError::NotAsItself {
+                    id: 2,
+                    method,
+                    from_node_id: 3,
+                },
+                "identity node 2 may not call Peer/PEER_METHOD_VOTE as from_node_id 3",
+            ),
+            (
+                PeerCallError::NotMember { id: 2, method },
+                "identity node 2 may not call Peer/PEER_METHOD_VOTE: it is not a member of this fleet",
+            ),
+            (
+                PeerCallError::Learner { id: 2, method },
+                "identity node 2 is a learner and may not call Peer/PEER_METHOD_VOTE",
+            ),
+            (
+                PeerCallError::VoteOfAnother {
+                    field: "vote.leader_id.node_id",
+                    id: 2,
+                    vote_node_id: 3,
+                },
+                "vote.leader_id.node_id: identity node 2 may not send a vote of node 3",
+            ),
+            (PeerCallError::Dropped, "fault injection: dropped"),
+        ];
+        for (error, message) in words {
+            assert_eq!(Status::from(error).message(), message);
+        }
     }
 }

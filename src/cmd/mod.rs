@@ -25,3 +25,39 @@ pub fn print_json(summary: &impl serde::Serialize) -> anyhow::Result<()> {
     println!("{}", serde_json::to_string_pretty(summary)?);
     Ok(())
 }
+
+/// An error as one line: its message, then each cause its message does not already hold.
+/// (Most of the node's errors name their cause in their message and also keep it as their
+/// `source`, for code that walks the chain; printed whole, the chain would say it twice.)
+pub fn one_line(error: &anyhow::Error) -> String {
+    let mut text = error.to_string();
+    for cause in error.chain().skip(1) {
+        let cause = cause.to_string();
+        if !text.contains(&cause) {
+            text.push_str(": ");
+            text.push_str(&cause);
+        }
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::one_line;
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("raft log store: {0}")]
+    struct Outer(#[source] std::io::Error);
+
+    #[test]
+    fn a_cause_already_in_the_message_is_said_once_and_a_context_s_cause_is_kept() {
+        let io = || std::io::Error::other("segment 7 is damaged");
+        let typed = anyhow::Error::new(Outer(io()));
+        assert_eq!(one_line(&typed), "raft log store: segment 7 is damaged");
+        let with_context = anyhow::Error::new(io()).context("writing data/node1.toml");
+        assert_eq!(
+            one_line(&with_context),
+            "writing data/node1.toml: segment 7 is damaged"
+        );
+    }
+}

@@ -414,9 +414,10 @@ mod tests {
         );
     }
 
-    /// A new round is numbered by the wall clock when it is made, so the fleet, which
-    /// applies a node's round number once, absorbs it though this node restarted with an
-    /// empty ledger; with the clock set back, it is still above the last round.
+    /// A new round is numbered by the wall clock when it is made (so a node that restarts
+    /// with an empty ledger numbers its next round above the ones the fleet applied); a
+    /// round sent again keeps its number; with the clock set back, a new round is still
+    /// above the last.
     #[tokio::test]
     async fn a_new_round_is_numbered_by_the_driven_wall_clock_and_above_the_last() {
         let fleet = DrivenFleet::new(true);

@@ -192,12 +192,12 @@ fn passes_openraft_storage_suite() {
 /// sled), each build in a temp dir of its own.
 struct RealStoresBuilder;
 
-impl StoreBuilder<TypeConfig, LogStore, StateMachineStore, (TempDir, SledDisk)>
+impl StoreBuilder<TypeConfig, LogStore, StateMachineStore, (SledDisk, TempDir)>
     for RealStoresBuilder
 {
     async fn build(
         &self,
-    ) -> Result<((TempDir, SledDisk), LogStore, StateMachineStore), StorageError> {
+    ) -> Result<((SledDisk, TempDir), LogStore, StateMachineStore), StorageError> {
         let dir = TempDir::new().map_err(|e| StorageIOError::write(&e))?;
         let store = open_store(&dir.path().join("raft-log.redb")).map_err(write_logs_error)?;
         let disk = SledDisk::open(&dir.path().join("state.sled"), 1 << 20)
@@ -208,7 +208,8 @@ impl StoreBuilder<TypeConfig, LogStore, StateMachineStore, (TempDir, SledDisk)>
         // durability rule has tests of its own (`raft::durability`, `raft::state_machine`).
         let state = StateMachineStore::open(&disk, DurableLog::everything(), None)
             .map_err(|e| StorageIOError::write(&e))?;
-        Ok(((dir, disk), store, state))
+        // Dropped in this order: sled closes before its directory goes.
+        Ok(((disk, dir), store, state))
     }
 }
 

@@ -265,7 +265,6 @@ fn write_zeros(file: &File, from: u64, to: u64) -> io::Result<()> {
     Ok(())
 }
 
-/// Appends one record (the kind byte, then `payload`) to `buf`.
 /// The records of one append: each entry's, then the committed id's if any, and where
 /// each entry's record lies in them.
 fn records(admitted: &[&Entry], committed: Option<Option<LogId>>) -> Result<(Vec<u8>, Vec<Span>)> {
@@ -290,6 +289,7 @@ fn records(admitted: &[&Entry], committed: Option<Option<LogId>>) -> Result<(Vec
     Ok((buf, spans))
 }
 
+/// Appends one record (the kind byte, then `payload`) to `buf`.
 pub(super) fn push_record(buf: &mut Vec<u8>, kind: u8, payload: &[u8]) -> Result<()> {
     record::push(buf, &[&[kind], payload]).map_err(|e| LogStoreError::RecordTooLarge {
         len_bytes: e.len_bytes,
