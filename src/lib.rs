@@ -40,6 +40,7 @@ pub mod codec;
 pub mod config;
 pub mod contract;
 pub mod identity;
+pub mod launch;
 pub mod limits;
 pub mod local;
 pub mod lock;
