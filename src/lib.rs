@@ -44,7 +44,6 @@ pub mod launch;
 pub mod limits;
 pub mod local;
 pub mod lock;
-pub mod nemesis;
 pub mod node;
 pub mod raft;
 pub mod server;

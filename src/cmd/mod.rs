@@ -7,7 +7,7 @@
 //! - [`snapshot`]: backup (`save`) and restore of the fleet's state;
 //! - [`certs`]: the fleet CA and its certificates;
 //! - [`bench`](mod@bench): the load generator and the two storage benchmarks;
-//! - [`nemesis`]: a fleet under seeded faults, its history checked.
+//! - [`nemesis`]: runs the `ankusa-fleet-nemesis` binary (a crate of its own).
 
 pub mod bench;
 pub mod certs;

@@ -1,5 +1,5 @@
 //! The nemesis's own fleet: `ankusa-fleet serve` child processes started by
-//! [`crate::launch`] in a directory of their own, with fault injection on; and what the
+//! [`ankusa_fleet::launch`] in a directory of their own, with fault injection on; and what the
 //! nemesis does to them.
 
 use std::path::Path;
@@ -8,10 +8,10 @@ use std::time::Duration;
 use anyhow::Context;
 use tokio::time::Instant;
 
-use crate::cmd::cluster::AdminTarget;
-use crate::launch;
-use crate::pb;
-use crate::pb::internal::{
+use ankusa_fleet::cmd::cluster::AdminTarget;
+use ankusa_fleet::launch;
+use ankusa_fleet::pb;
+use ankusa_fleet::pb::internal::{
     AddMemberRequest, ClusterStatusRequest, FaultDirection, FaultKind, PeerFault, SetFaultsRequest,
 };
 
@@ -66,7 +66,7 @@ impl Fleet {
         let specs = nodes.free_specs(1..=count + 1, false)?;
         let extra = format!(
             "fault_injection = true\nmax_clock_offset_ms = {}\n{extra}",
-            crate::nemesis::workload::MAX_CLOCK_OFFSET_MS,
+            crate::workload::MAX_CLOCK_OFFSET_MS,
         );
         let (core, spare) = specs.split_at(count as usize);
         for spec in core {
@@ -132,7 +132,7 @@ impl Fleet {
         };
         let answer = tokio::time::timeout(
             MEMBERSHIP_WAIT,
-            crate::cmd::cluster::add(&self.admin_target(via), request),
+            ankusa_fleet::cmd::cluster::add(&self.admin_target(via), request),
         )
         .await
         .context("AddMember timed out");
@@ -162,7 +162,7 @@ impl Fleet {
         let spare = self.spare();
         let answer = tokio::time::timeout(
             MEMBERSHIP_WAIT,
-            crate::cmd::cluster::remove(&self.admin_target(via), spare),
+            ankusa_fleet::cmd::cluster::remove(&self.admin_target(via), spare),
         )
         .await
         .context("RemoveMember timed out")
