@@ -45,6 +45,7 @@ pub mod limits;
 pub mod local;
 pub mod lock;
 pub mod node;
+pub mod planted;
 pub mod raft;
 pub mod server;
 pub mod state;
