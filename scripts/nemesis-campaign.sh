@@ -5,6 +5,8 @@
 # `python3 scripts/nemesis-summary.py` totals those lines.
 #   bash scripts/nemesis-campaign.sh FIRST LAST DURATION NODES [OUT] [SLACK_MS]
 # BIN=PATH runs that binary instead of building this tree (a campaign outlives edits).
+# `$BIN nemesis` runs the ankusa-fleet-nemesis beside it (docs/reliability.md), so copy
+# both binaries together.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 first=$1 last=$2 duration=$3 nodes=$4 out=${5:-data/nemesis} slack=${6:-5}

@@ -58,9 +58,13 @@ enum Cmd {
     /// Make a fleet CA and one certificate per node, for [peer_tls] (reuses a CA already in
     /// --out).
     Certs(cmd::certs::CertsPlan),
-    /// Start a fleet of its own, run a seeded workload under a seeded fault schedule, check
-    /// the history; exits 0 if and only if no anomaly was found (docs/reliability.md).
-    Nemesis(cmd::nemesis::NemesisArgs),
+    /// Runs `ankusa-fleet-nemesis` (beside this binary) with the arguments that follow: a
+    /// fleet of its own under a seeded workload and fault schedule (docs/reliability.md).
+    #[command(disable_help_flag = true)]
+    Nemesis {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<std::ffi::OsString>,
+    },
 }
 
 #[tokio::main]
@@ -86,6 +90,6 @@ async fn run(command: Cmd) -> anyhow::Result<()> {
         Cmd::Cluster { command } => cmd::cluster::run(command).await,
         Cmd::Snapshot { command } => cmd::snapshot::run(command).await,
         Cmd::Certs(plan) => cmd::certs::run(&plan),
-        Cmd::Nemesis(args) => cmd::nemesis::run(args).await,
+        Cmd::Nemesis { args } => Err(cmd::nemesis::exec(&args)),
     }
 }

@@ -2,17 +2,19 @@
 //! one module per command. `main.rs` parses the command line and calls one of them.
 //!
 //! - [`serve`]: run one node;
-//! - [`dev`]: a local 3-node fleet in child processes;
+//! - [`dev`]: a local 3-node fleet in child processes, started by [`launch`], the one
+//!   launcher of child-process fleets (the tests and the nemesis use it too);
 //! - [`cluster`]: membership through any node's `raft_addr`;
 //! - [`snapshot`]: backup (`save`) and restore of the fleet's state;
 //! - [`certs`]: the fleet CA and its certificates;
 //! - [`bench`](mod@bench): the load generator and the two storage benchmarks;
-//! - [`nemesis`]: a fleet under seeded faults, its history checked.
+//! - [`nemesis`]: runs the `ankusa-fleet-nemesis` binary (a crate of its own).
 
 pub mod bench;
 pub mod certs;
 pub mod cluster;
 pub mod dev;
+pub mod launch;
 pub mod nemesis;
 pub mod serve;
 pub mod snapshot;

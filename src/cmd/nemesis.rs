@@ -1,81 +1,29 @@
-//! `ankusa-fleet nemesis`: start a fleet of its own, run a seeded workload under a seeded
-//! fault schedule, check the history (`crate::nemesis`); exits 0 if and only if no anomaly
-//! was found (docs/reliability.md).
+//! `ankusa-fleet nemesis …`: the nemesis is a crate and binary of its own
+//! (`ankusa-fleet-nemesis`, in `nemesis/`), so the node carries none of it; this command
+//! replaces the process with that binary, found beside this one, with the same arguments.
 
-use std::time::Duration;
+use std::ffi::OsString;
+use std::os::unix::process::CommandExt;
 
-use crate::nemesis;
+use anyhow::Context;
 
-/// The `nemesis` subcommand's arguments.
-#[derive(Debug, clap::Args)]
-pub struct NemesisArgs {
-    #[arg(long)]
-    seed: u64,
-    #[arg(long, default_value_t = 60)]
-    duration_s: u64,
-    #[arg(long, default_value_t = 3, value_parser = clap::builder::RangedU64ValueParser::<u64>::new().range(3..=5))]
-    nodes: u64,
-    /// Clients per node.
-    #[arg(long, default_value_t = 2)]
-    clients: usize,
-    /// What a call may take beyond its timeout_ms before the deadline checker objects.
-    #[arg(long, default_value_t = 5)]
-    deadline_slack_ms: u64,
-    /// Plant a known bug in every node (duplicate_for_pending, forget_queued_settle,
-    /// own_clock, early_follower_ack, one_charge_over, unbounded_clock), to see the
-    /// checkers catch it.
-    #[arg(long)]
-    plant_bug: Option<String>,
-    /// The fault kinds to draw from, comma-separated: partition, pause, kill, lost,
-    /// membership, clock, skew (default: all).
-    #[arg(long, value_delimiter = ',', value_parser = clap::builder::PossibleValuesParser::new(nemesis::schedule::KINDS))]
-    faults: Option<Vec<String>>,
-    /// Send the claims in `HitBatch` frames, one stream per node shared by its clients,
-    /// instead of a unary `Hit` each.
-    #[arg(long)]
-    frames: bool,
-}
+/// The nemesis's binary name, as cargo and an install place it beside `ankusa-fleet`.
+pub const NEMESIS_BIN: &str = "ankusa-fleet-nemesis";
 
-/// Runs the plan and prints its report. A run with an anomaly writes the whole history
-/// beside the fleet's logs and exits 1; a clean run removes its directory.
-///
-/// # Errors
-/// When the fleet cannot be started or driven.
-pub async fn run(args: NemesisArgs) -> anyhow::Result<()> {
-    let plan = nemesis::Plan {
-        seed: args.seed,
-        duration: Duration::from_secs(args.duration_s),
-        nodes: args.nodes,
-        clients_per_node: args.clients,
-        deadline_slack: Duration::from_millis(args.deadline_slack_ms),
-        planted_bug: args.plant_bug,
-        frames: args.frames,
-        kinds: args.faults.unwrap_or_else(|| {
-            nemesis::schedule::KINDS
-                .iter()
-                .map(|kind| (*kind).to_owned())
-                .collect()
-        }),
+/// Execs `ankusa-fleet-nemesis` with `args`; returns only when that fails, with why.
+pub fn exec(args: &[OsString]) -> anyhow::Error {
+    let nemesis = match std::env::current_exe().context("finding this executable") {
+        Ok(exe) => exe.with_file_name(NEMESIS_BIN),
+        Err(e) => return e,
     };
-    let outcomes = nemesis::run(&plan).await?;
-    let failed = !outcomes.findings.anomalies.is_empty();
-    if failed {
-        // The whole history beside the fleet's logs, for reading the failure.
-        let path = outcomes.dir.join("history.txt");
-        let text: String = outcomes
-            .history
-            .iter()
-            .map(|op| format!("{op:?}\n"))
-            .collect();
-        if std::fs::write(&path, text).is_ok() {
-            println!("history: {}", path.display());
-        }
+    if !nemesis.is_file() {
+        return anyhow::anyhow!(
+            "the nemesis is a binary of its own: no {} at {} (build it with `cargo build -p \
+             ankusa-fleet-nemesis`, or run it directly)",
+            NEMESIS_BIN,
+            nemesis.display()
+        );
     }
-    // The report ends with the summary line.
-    print!("{}", outcomes.report(&plan));
-    if failed {
-        std::process::exit(1);
-    }
-    let _ = std::fs::remove_dir_all(&outcomes.dir);
-    Ok(())
+    let e = std::process::Command::new(&nemesis).args(args).exec();
+    anyhow::Error::new(e).context(format!("running {}", nemesis.display()))
 }

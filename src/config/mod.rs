@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+use crate::planted::Planted;
 use crate::state::check::Ceilings;
 use crate::state::{NodeId, StateLimits};
 
@@ -70,7 +71,7 @@ pub struct ConfigFile {
     #[serde(default)]
     pub fault_injection: bool,
     /// A known bug to plant, so a test can show the nemesis catches it; only with
-    /// `fault_injection = true`.
+    /// `fault_injection = true`, in a build with the `planted-bugs` feature.
     pub planted_bug: Option<PlantedBug>,
     /// Mutual TLS on `raft_addr` (required unless it is a loopback address).
     pub peer_tls: Option<PeerTlsFiles>,
@@ -146,27 +147,7 @@ pub enum LogFormat {
     Json,
 }
 
-/// A known bug a node can be told to have (`planted_bug`), for the nemesis's own tests:
-/// a checker that cannot catch a planted bug proves nothing.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum PlantedBug {
-    /// Answer `duplicate` (naming the holder) for a claim held pending.
-    DuplicateForPending,
-    /// Answer a settle `queued` without writing it to the settle queue.
-    ForgetQueuedSettle,
-    /// Apply entries with this node's own wall clock instead of the leader's stamp.
-    OwnClock,
-    /// Report a follower's appended entries to openraft before they are fsynced, so the
-    /// leader counts them towards a quorum while they could still be lost.
-    EarlyFollowerAck,
-    /// Grant one charge more than a bucket holds: every charge of a hit goes on with its
-    /// capacity raised by one increment.
-    OneChargeOver,
-    /// Stamp entries with the leader's wall clock as it reads, and never stand down for a
-    /// clock off from the others: the fleet's time before `max_clock_offset_ms` bounded it.
-    UnboundedClock,
-}
+pub use crate::planted::PlantedBug;
 
 /// Defaults for every optional key.
 pub struct Defaults;
@@ -247,6 +228,24 @@ fn invalid(field: impl Into<String>, reason: impl Into<String>) -> ConfigError {
     }
 }
 
+/// The bug a `planted_bug` key plants: only with `fault_injection = true`, and only in a
+/// build with the `planted-bugs` feature (a release build refuses the key at load).
+fn planted(bug: Option<PlantedBug>, fault_injection: bool) -> Result<Planted, ConfigError> {
+    let Some(bug) = bug else {
+        return Ok(Planted::NONE);
+    };
+    if !fault_injection {
+        return Err(invalid("planted_bug", "needs fault_injection = true"));
+    }
+    Planted::new(bug).ok_or_else(|| {
+        invalid(
+            "planted_bug",
+            "this build has no planted bugs: they need the `planted-bugs` cargo feature \
+             (the nemesis's test builds have it, a release build does not)",
+        )
+    })
+}
+
 /// The longest path a Unix socket address holds (`sun_path` is 108 bytes on Linux, one of
 /// them the terminating NUL).
 const SOCKET_PATH_BYTES_MAX: usize = 107;
@@ -303,7 +302,8 @@ pub struct NodeConfig {
     pub rate_limits_file: Option<PathBuf>,
     pub fallback_budget: FallbackBudget,
     pub fault_injection: bool,
-    pub planted_bug: Option<PlantedBug>,
+    /// The bug the node plays (`crate::planted`): none unless the config names one.
+    pub planted_bug: Planted,
     pub peer_tls: Option<PeerTlsFiles>,
     pub api_tls: Option<ApiTlsFiles>,
     pub insecure_peer_traffic: bool,
@@ -510,12 +510,7 @@ impl NodeConfig {
                 .unwrap_or(Defaults::SNAPSHOT_LOGS_KEPT),
             fallback_budget: file.fallback_budget.unwrap_or_default(),
             fault_injection: file.fault_injection,
-            planted_bug: match (file.planted_bug, file.fault_injection) {
-                (Some(_), false) => {
-                    return Err(invalid("planted_bug", "needs fault_injection = true"))
-                }
-                (bug, _) => bug,
-            },
+            planted_bug: planted(file.planted_bug, file.fault_injection)?,
             peer_tls: file.peer_tls,
             api_tls: file.api_tls,
             insecure_peer_traffic: file.insecure_peer_traffic,

@@ -282,3 +282,36 @@ fn snapshot_log_percent_defaults_turns_off_and_is_bounded() {
         SNAPSHOT_LOG_PERCENT_MAX + 1,
     );
 }
+
+#[test]
+fn a_planted_bug_needs_fault_injection() {
+    assert_eq!(refused_key("planted_bug = \"own_clock\""), "planted_bug");
+}
+
+/// With the `planted-bugs` feature (the nemesis's test builds) a fault-injection node may
+/// play a known bug.
+#[cfg(feature = "planted-bugs")]
+#[test]
+fn a_planted_bug_is_played_in_a_build_that_has_them() {
+    let config = NodeConfig::from_toml(&with_key(
+        "fault_injection = true\nplanted_bug = \"own_clock\"",
+    ))
+    .expect("valid");
+    assert!(config.planted_bug.is(PlantedBug::OwnClock));
+    assert!(!config.planted_bug.is(PlantedBug::OneChargeOver));
+}
+
+/// Without the `planted-bugs` feature (a release build) the key is refused at load, with a
+/// reason that names the feature.
+#[cfg(not(feature = "planted-bugs"))]
+#[test]
+fn a_planted_bug_is_refused_by_a_build_without_them() {
+    let line = "fault_injection = true\nplanted_bug = \"own_clock\"";
+    match NodeConfig::from_toml(&with_key(line)).expect_err(line) {
+        ConfigError::Invalid { field, reason } => {
+            assert_eq!(field, "planted_bug");
+            assert!(reason.contains("`planted-bugs` cargo feature"), "{reason}");
+        }
+        other => panic!("not a key error: {other}"),
+    }
+}

@@ -6,8 +6,8 @@
 use std::time::Duration;
 
 use super::{fleet_deadline, mismatched, Decided, Node, NodeError, HIT_RESERVE_MAX};
-use crate::config::PlantedBug;
 use crate::node::request::HitInput;
+use crate::planted::PlantedBug;
 use crate::raft::ProposeRefusal;
 use crate::state::{Answer, EncodedCommand, HitAnswer};
 
@@ -25,7 +25,7 @@ impl Node {
         mut inputs: Vec<HitInput>,
         timeout: Duration,
     ) -> Vec<HitResult> {
-        if self.planted_bug == Some(PlantedBug::OneChargeOver) {
+        if self.planted_bug.is(PlantedBug::OneChargeOver) {
             inputs.iter_mut().for_each(Self::plant_one_charge_over);
         }
         let deadline = fleet_deadline(timeout, HIT_RESERVE_MAX);

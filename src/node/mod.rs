@@ -11,7 +11,7 @@ use openraft::error::{CheckIsLeaderError, RaftError};
 use tokio::time::Instant;
 
 use crate::clock::Clock;
-use crate::config::PlantedBug;
+use crate::planted::{Planted, PlantedBug};
 
 mod backup;
 pub mod frame;
@@ -183,8 +183,8 @@ pub struct NodeParts {
     pub voters_max: usize,
     /// How far this node's Raft log is on disk (membership changes wait on it).
     pub durable: DurableLog,
-    /// A known bug this node plays, for the nemesis's tests (`config::PlantedBug`).
-    pub planted_bug: Option<PlantedBug>,
+    /// A known bug this node plays, for the nemesis's tests (`crate::planted`).
+    pub planted_bug: Planted,
     /// What this node knows of its clock against its peers'.
     pub clock: crate::raft::clock_view::ClockView,
     /// The machine's clocks, the ones its local time reads: the wall clock of
@@ -207,7 +207,7 @@ pub struct Node {
     membership_changes: tokio::sync::Mutex<()>,
     /// Mixed-scope hits with a node claim take turns per key (`turns`).
     claim_turns: turns::KeyTurns,
-    planted_bug: Option<PlantedBug>,
+    planted_bug: Planted,
     clock: crate::raft::clock_view::ClockView,
     clocks: Arc<dyn Clock>,
 }
@@ -288,7 +288,7 @@ impl Node {
     /// # Errors
     /// When the fleet could not answer in time, or the local claim index failed.
     pub async fn hit(&self, mut input: HitInput) -> Result<Decided<HitAnswer>, NodeError> {
-        if self.planted_bug == Some(PlantedBug::OneChargeOver) {
+        if self.planted_bug.is(PlantedBug::OneChargeOver) {
             Self::plant_one_charge_over(&mut input);
         }
         let decided = self.decide_hit(&input).await?;
@@ -296,7 +296,7 @@ impl Node {
     }
 
     /// The planted `OneChargeOver` bug: every charge gets room for one more increment (only
-    /// ever with `fault_injection`; see `config::PlantedBug`).
+    /// ever with `fault_injection`; see `crate::planted`).
     fn plant_one_charge_over(input: &mut HitInput) {
         for charge in &mut input.charges {
             charge.capacity_us = charge.capacity_us.saturating_add(charge.increment_us);
@@ -304,15 +304,16 @@ impl Node {
     }
 
     /// The planted `DuplicateForPending` bug: a pending answer becomes a duplicate naming
-    /// the pending hook (only ever with `fault_injection`; see `config::PlantedBug`).
+    /// the pending hook (only ever with `fault_injection`; see `crate::planted`).
     fn with_planted_bug(
         &self,
         decided: Decided<HitAnswer>,
         claim: Option<&ClaimRequest>,
     ) -> Decided<HitAnswer> {
-        let (Some(PlantedBug::DuplicateForPending), HitAnswer::Pending { .. }, Some(claim)) =
-            (self.planted_bug, &decided.answer, claim)
-        else {
+        if !self.planted_bug.is(PlantedBug::DuplicateForPending) {
+            return decided;
+        }
+        let (HitAnswer::Pending { .. }, Some(claim)) = (&decided.answer, claim) else {
             return decided;
         };
         let holder = self

@@ -10,8 +10,8 @@ use super::{
     fleet_deadline, local_reserve, settle_answer, Decided, DecidedBy, Node, NodeError,
     SETTLE_RESERVE_MAX,
 };
-use crate::config::PlantedBug;
 use crate::local::settle_queue::QueuedSettle;
+use crate::planted::PlantedBug;
 use crate::state::{Command, EncodedCommand, SettleAnswer};
 
 impl Node {
@@ -64,7 +64,7 @@ impl Node {
             ttl_ms: input.ttl_ms,
         };
         let push = async {
-            if self.planted_bug == Some(PlantedBug::ForgetQueuedSettle) {
+            if self.planted_bug.is(PlantedBug::ForgetQueuedSettle) {
                 return Ok(());
             }
             self.fallback.queue.push(&queued).await

@@ -73,7 +73,7 @@ async fn leaderless_node(dir: &std::path::Path) -> Node {
     let log = LogStore::open(&dir.join("raft-log.redb"), NODE_ID, faults.clone()).expect("log");
     let durable = log.durable();
     let disk = SledDisk::open(&dir.join("state.sled"), 1 << 20).expect("sled");
-    let state = StateMachineStore::open(&disk, durable.clone(), None).expect("state");
+    let state = StateMachineStore::open(&disk, durable.clone(), Planted::default()).expect("state");
     let clock = ClockView::new(NODE_ID, bound);
     let peers = PeerClients::new("test", NODE_ID, faults);
     let config = openraft::Config::default().validate().expect("config");
@@ -120,7 +120,7 @@ async fn leaderless_node(dir: &std::path::Path) -> Node {
         fallback,
         voters_max: 5,
         durable,
-        planted_bug: None,
+        planted_bug: Planted::default(),
         clock,
         clocks,
     })

@@ -15,14 +15,14 @@
 //! Three more are about the node itself: an offset on its wall clock ([`crate::clock`]), a
 //! stop of its Raft core (the Admin call stops it; [`Faults::may_stop_raft_core`] only says
 //! whether it may), and a known bug it plays for the nemesis's own tests
-//! (`config::PlantedBug`, set in the config, never through the Admin call).
+//! ([`crate::planted`], set in the config, never through the Admin call).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Condvar, Mutex, RwLock};
 use std::time::Duration;
 
 use super::NodeId;
-use crate::config::PlantedBug;
+use crate::planted::Planted;
 
 /// What happens to traffic with one peer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -57,7 +57,7 @@ pub struct FaultInjectionOff;
 pub struct Faults {
     enabled: bool,
     rules: Arc<RwLock<HashMap<NodeId, (Fault, Direction)>>>,
-    planted: Option<PlantedBug>,
+    planted: Planted,
     /// Whether the log writer is held, and how it learns the hold was lifted.
     log_hold: Arc<(Mutex<bool>, Condvar)>,
 }
@@ -68,17 +68,14 @@ impl Faults {
         Self {
             enabled,
             rules: Arc::default(),
-            planted: None,
+            planted: Planted::NONE,
             log_hold: Arc::default(),
         }
     }
 
-    /// The same rules, with `bug` planted (it takes effect only with fault injection on).
-    pub fn planting(self, bug: Option<PlantedBug>) -> Self {
-        Self {
-            planted: bug,
-            ..self
-        }
+    /// The same rules, with `planted` (it takes effect only with fault injection on).
+    pub fn planting(self, planted: Planted) -> Self {
+        Self { planted, ..self }
     }
 
     /// Whether fault injection is on (`fault_injection = true`).
@@ -87,8 +84,12 @@ impl Faults {
     }
 
     /// The bug this node plays, if any (never without fault injection).
-    pub fn planted(&self) -> Option<PlantedBug> {
-        self.planted.filter(|_| self.enabled)
+    pub fn planted(&self) -> Planted {
+        if self.enabled {
+            self.planted
+        } else {
+            Planted::NONE
+        }
     }
 
     /// Replaces every rule; an empty map heals.
@@ -182,6 +183,7 @@ impl Faults {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::planted::PlantedBug;
 
     /// A one-way rule covers only its direction; a both-ways rule covers both; nothing is
     /// covered with fault injection off, and a planted bug shows only with it on.
@@ -208,13 +210,18 @@ mod tests {
         );
         assert_eq!((faults.outgoing(5), faults.incoming(5)), (None, None));
 
-        let off = Faults::new(false).planting(Some(PlantedBug::OwnClock));
+        // Planted where the build has planted bugs (`planted-bugs`), none otherwise.
+        let own_clock = Planted::new(PlantedBug::OwnClock).unwrap_or_default();
+        let off = Faults::new(false).planting(own_clock);
         assert!(off.set(HashMap::new()).is_err());
         assert!(off.set_clock_offset_ms(1).is_err());
         assert!(off.may_stop_raft_core().is_err());
         assert!(Faults::new(true).may_stop_raft_core().is_ok());
-        assert_eq!(off.planted(), None);
-        let on = Faults::new(true).planting(Some(PlantedBug::OwnClock));
-        assert_eq!(on.planted(), Some(PlantedBug::OwnClock));
+        assert!(!off.planted().is(PlantedBug::OwnClock));
+        let on = Faults::new(true).planting(own_clock);
+        assert_eq!(
+            on.planted().is(PlantedBug::OwnClock),
+            crate::planted::AVAILABLE
+        );
     }
 }

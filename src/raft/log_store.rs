@@ -43,8 +43,8 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use crate::codec::{decode, encode, CodecError};
-use crate::config::PlantedBug;
 use crate::lock::lock;
+use crate::planted::{Planted, PlantedBug};
 use crate::raft::faults::Faults;
 use crate::raft::{Entry, LogId, NodeId, StorageError, TypeConfig};
 use crate::storage::unless_panic;
@@ -149,9 +149,9 @@ pub struct LogStore {
     vote: Arc<std::sync::Mutex<Option<Vote<NodeId>>>>,
     /// How far the WAL is fsynced; moved by the writer.
     mark: crate::raft::durability::DurableMark,
-    /// The planted bug `EarlyFollowerAck` (fault injection only): every append is reported
-    /// before its fsync, a follower's too.
-    early_follower_ack: bool,
+    /// The bug this node plays (`crate::planted`); `EarlyFollowerAck` reports every
+    /// append before its fsync, a follower's too.
+    planted: Planted,
 }
 
 /// Reads how many bytes of a node's log lie after an index (cheap to clone).
@@ -232,7 +232,7 @@ impl LogStore {
         let mark = crate::raft::durability::DurableMark::new(log_state(&disk)?.last_log_id);
         let disk = Arc::new(disk);
         let tail = Arc::new(std::sync::Mutex::new(writer::Tail::new(purged_upto)));
-        let early_follower_ack = faults.planted() == Some(PlantedBug::EarlyFollowerAck);
+        let planted = faults.planted();
         let writer =
             writer::Writer::start(Arc::clone(&disk), Arc::clone(&tail), mark.clone(), faults)
                 .map_err(|source| LogStoreError::Writer { source })?;
@@ -244,7 +244,7 @@ impl LogStore {
             node_id,
             vote: Arc::default(),
             mark,
-            early_follower_ack,
+            planted,
         })
     }
 
@@ -277,7 +277,7 @@ impl LogStore {
     fn appended_as_leader(&self, entries: &[Entry]) -> bool {
         // The planted bug (fault injection only) breaks the rule on purpose, for the
         // nemesis to catch.
-        self.early_follower_ack
+        self.planted.is(PlantedBug::EarlyFollowerAck)
             || crate::raft::durability::reports_early(*lock(&self.vote), self.node_id, entries)
     }
 

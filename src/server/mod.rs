@@ -212,7 +212,7 @@ fn open_state(
     disk: &SledDisk,
     durable: &crate::raft::durability::DurableLog,
     purged: Option<crate::raft::LogId>,
-    planted: Option<crate::config::PlantedBug>,
+    planted: crate::planted::Planted,
 ) -> Result<StateMachineStore, StartError> {
     let failed = |reason: String| StartError::State {
         path: path.display().to_string(),
@@ -514,7 +514,10 @@ fn open_stores(config: &NodeConfig) -> Result<Stores, StartError> {
     let disk = open_sled(&sled_path)?;
     let state = open_state(&sled_path, &disk, &durable, purged, faults.planted())?;
     // The planted `unbounded_clock` plays the fleet before its time was bounded: no bound.
-    let max_clock_offset = if faults.planted() == Some(crate::config::PlantedBug::UnboundedClock) {
+    let max_clock_offset = if faults
+        .planted()
+        .is(crate::planted::PlantedBug::UnboundedClock)
+    {
         Duration::MAX
     } else {
         Duration::from_millis(config.max_clock_offset_ms)

@@ -8,12 +8,16 @@ use super::Fleet;
 impl Fleet {
     /// SIGSTOP: the process freezes (no answer, no timer) until [`Fleet::resume`].
     pub fn pause(&self, id: u64) {
-        self.signal(id, "-STOP");
+        self.launch
+            .pause(id)
+            .unwrap_or_else(|e| panic!("SIGSTOP to node {id}: {e}"));
     }
 
     /// SIGCONT after [`Fleet::pause`].
     pub fn resume(&self, id: u64) {
-        self.signal(id, "-CONT");
+        self.launch
+            .resume(id)
+            .unwrap_or_else(|e| panic!("SIGCONT to node {id}: {e}"));
     }
 
     /// Replaces node `id`'s transport fault rules (its config needs `fault_injection = true`);

@@ -32,10 +32,7 @@ pub use observe::*;
 #[allow(unused_imports)]
 pub use requests::*;
 
-use std::collections::BTreeMap;
 use std::net::Ipv4Addr;
-use std::path::PathBuf;
-use std::process::Child;
 use std::time::Duration;
 
 /// Generous deadline for cluster-level conditions on a loaded 2-core machine.
@@ -66,44 +63,31 @@ pub fn init_tracing() {
         .try_init();
 }
 
-#[derive(Clone, Debug)]
-pub struct NodeSpec {
-    pub id: u64,
-    pub api_addr: String,
-    pub raft_addr: String,
-    /// Where the node serves Prometheus metrics (every test node does).
-    pub metrics_addr: String,
-}
+/// Where a node listens: the launcher's ([`ankusa_fleet::cmd::launch`]); every test node serves
+/// metrics.
+pub use ankusa_fleet::cmd::launch::NodeSpec;
 
-pub struct TestNode {
-    pub spec: NodeSpec,
-    pub config_path: PathBuf,
-    pub log_path: PathBuf,
-    child: Option<Child>,
-}
-
-impl TestNode {
-    pub fn is_running(&self) -> bool {
-        self.child.is_some()
-    }
-
-    /// The process id of the running child, if it runs.
-    pub fn pid(&self) -> Option<u32> {
-        self.child.as_ref().map(Child::id)
-    }
-}
-
-/// A fleet of node processes sharing one temp dir and one loopback address.
+/// A fleet of node processes sharing one temp dir and one loopback address, started by the
+/// one launcher ([`ankusa_fleet::cmd::launch::Fleet`], which it dereferences to: its `nodes`,
+/// `start`, `kill`...).
 pub struct Fleet {
+    /// Declared first, so dropped first: the nodes stop before their dir goes.
+    pub launch: ankusa_fleet::cmd::launch::Fleet,
     pub dir: tempfile::TempDir,
     pub ip: Ipv4Addr,
-    pub nodes: BTreeMap<u64, TestNode>,
     pub initial: Vec<NodeSpec>,
-    /// The fleet's CA and certificates (`ankusa-fleet certs`), when its nodes run with
-    /// `[peer_tls]`: every fleet does unless started plaintext.
-    pub certs: Option<PathBuf>,
-    /// Whether new configs get `[api_tls]` (node certificates, edge certificates of the
-    /// fleet CA required); the harness' own edge clients are plaintext, so such a fleet is
-    /// driven by the test itself.
-    pub api_tls: bool,
+}
+
+impl std::ops::Deref for Fleet {
+    type Target = ankusa_fleet::cmd::launch::Fleet;
+
+    fn deref(&self) -> &Self::Target {
+        &self.launch
+    }
+}
+
+impl std::ops::DerefMut for Fleet {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.launch
+    }
 }

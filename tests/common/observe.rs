@@ -1,28 +1,13 @@
 //! What a fleet shows: status, applied progress, metrics, and the node logs.
 
-use std::time::Duration;
-
 use ankusa_fleet::pb;
-use ankusa_fleet::pb::fleet_client::FleetClient;
-use tonic::transport::Channel;
 
 use super::Fleet;
 
 impl Fleet {
+    /// Node `id`'s status through its edge API, if it answers in time.
     pub async fn status(&self, id: u64) -> Option<pb::StatusResponse> {
-        let endpoint = Channel::from_shared(format!("http://{}", self.api_addr(id))).ok()?;
-        let channel = endpoint
-            .connect_timeout(Duration::from_millis(500))
-            .connect()
-            .await
-            .ok()?;
-        let mut client = FleetClient::new(channel);
-        let call = client.status(pb::StatusRequest {});
-        let response = tokio::time::timeout(Duration::from_secs(2), call)
-            .await
-            .ok()?
-            .ok()?;
-        Some(response.into_inner())
+        self.launch.status(id).await
     }
 
     /// Node `id`'s applied index, if it answers.
@@ -34,7 +19,11 @@ impl Fleet {
     /// `id`'s metrics page; `None` while the page or the sample is not there.
     pub async fn metric(&self, id: u64, name: &str) -> Option<f64> {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        let addr = &self.nodes[&id].spec.metrics_addr;
+        let addr = self.nodes[&id]
+            .spec
+            .metrics_addr
+            .as_ref()
+            .expect("every test node serves metrics");
         let mut stream = tokio::net::TcpStream::connect(addr).await.ok()?;
         let request = format!("GET /metrics HTTP/1.0\r\nHost: {addr}\r\n\r\n");
         stream.write_all(request.as_bytes()).await.ok()?;

@@ -206,8 +206,12 @@ impl StoreBuilder<TypeConfig, LogStore, StateMachineStore, (SledDisk, TempDir)>
         // empty log, from `last_membership_in_log` on), which on this log's durable mark
         // would wait forever: the state machine waits on a mark that holds everything. The
         // durability rule has tests of its own (`raft::durability`, `raft::state_machine`).
-        let state = StateMachineStore::open(&disk, DurableLog::everything(), None)
-            .map_err(|e| StorageIOError::write(&e))?;
+        let state = StateMachineStore::open(
+            &disk,
+            DurableLog::everything(),
+            crate::planted::Planted::default(),
+        )
+        .map_err(|e| StorageIOError::write(&e))?;
         // Dropped in this order: sled closes before its directory goes.
         Ok(((disk, dir), store, state))
     }

@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use openraft::storage::RaftStateMachine;
 use openraft::{AnyError, EntryPayload, StorageIOError};
 
-use crate::config::PlantedBug;
+use crate::planted::{Planted, PlantedBug};
 use crate::raft::log_store::DurableLog;
 use crate::raft::snapshot::store::SnapshotStore;
 use crate::raft::snapshot::{self, SnapshotBody};
@@ -40,9 +40,9 @@ pub struct Applied {
 struct Inner {
     /// How far this node's log is fsynced: nothing is applied beyond it.
     durable: DurableLog,
-    /// The planted bug `OwnClock` (fault injection only): apply with this node's wall
-    /// clock instead of the leader's stamp.
-    own_clock: bool,
+    /// The bug this node plays (`crate::planted`); `OwnClock` applies with this node's
+    /// wall clock instead of the leader's stamp.
+    planted: Planted,
     applied: Mutex<Applied>,
     snapshots: SnapshotStore,
 }
@@ -65,7 +65,7 @@ impl StateMachineStore {
     pub fn open(
         disk: &SledDisk,
         durable: DurableLog,
-        planted: Option<PlantedBug>,
+        planted: Planted,
     ) -> Result<Self, StateStoreError> {
         let (snapshots, current) = SnapshotStore::open(disk)?;
         let mut applied = Applied::default();
@@ -78,7 +78,7 @@ impl StateMachineStore {
         Ok(Self {
             inner: Arc::new(Inner {
                 durable,
-                own_clock: planted == Some(PlantedBug::OwnClock),
+                planted,
                 applied: Mutex::new(applied),
                 snapshots,
             }),
@@ -153,7 +153,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
             let response = match entry.payload {
                 EntryPayload::Blank => FleetResponse::default(),
                 EntryPayload::Normal(request) => {
-                    let now_us = if self.inner.own_clock {
+                    let now_us = if self.inner.planted.is(PlantedBug::OwnClock) {
                         crate::clock::wall_clock_us()
                     } else {
                         request.now_us
@@ -257,7 +257,9 @@ mod tests {
         let mut log = LogStore::open(&dir.path().join("raft-log.redb"), 1, Faults::new(false))
             .expect("open log");
         let disk = SledDisk::open(&dir.path().join("state.sled"), 1 << 20).expect("sled");
-        let mut state = StateMachineStore::open(&disk, log.durable(), None).expect("open state");
+        let mut state =
+            StateMachineStore::open(&disk, log.durable(), crate::planted::Planted::NONE)
+                .expect("open state");
         let entry = Entry {
             log_id: LogId::new(openraft::CommittedLeaderId::new(1, 1), 1),
             payload: EntryPayload::Blank,

@@ -43,7 +43,7 @@ use std::collections::BTreeMap;
 
 use super::budget::Bucket;
 use super::{drift_at, search, Drift};
-use crate::nemesis::history::{Answer, Decided, Op, Outcome, Request};
+use crate::history::{Answer, Decided, Op, Outcome, Request};
 
 /// The model's time step: stamps are compared to this precision.
 pub const GRID_US: u64 = 1_000;

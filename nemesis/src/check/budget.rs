@@ -29,7 +29,7 @@
 use std::collections::BTreeMap;
 
 use super::{drift_within, Anomaly, Downtime, Drift, SetOff};
-use crate::nemesis::history::{Answer, Decided, Op, Outcome, Request};
+use crate::history::{Answer, Decided, Op, Outcome, Request};
 
 /// One bucket's shape, as the workload charges it.
 #[derive(Clone, Copy, Debug)]

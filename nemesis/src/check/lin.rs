@@ -23,7 +23,7 @@ use std::collections::{BTreeSet, HashMap};
 
 use super::search;
 
-use crate::nemesis::history::{Answer, Decided, Op, Outcome, Request};
+use crate::history::{Answer, Decided, Op, Outcome, Request};
 
 /// A hook, interned per key (the search compares and hashes these a great deal).
 type Hook = u32;
@@ -286,7 +286,7 @@ pub fn check(history: &[Op], settled_by_us: u64) -> Vec<(String, Verdict)> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::nemesis::check::fixtures::{claim, commit, op};
+    use crate::check::fixtures::{claim, commit, op};
 
     fn fleet(answer: Answer) -> Outcome {
         Outcome::Answered(answer, Decided::Fleet)

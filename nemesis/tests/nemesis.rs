@@ -1,8 +1,11 @@
 //! The nemesis as CI runs it (docs/reliability.md): short seeded runs against fleets of
-//! its own (child processes of the binary under test). A clean fleet shows no anomaly, and
+//! its own (child processes of the `ankusa-fleet` binary beside `ankusa-fleet-nemesis`, which
+//! a root-level `cargo test --all-targets` builds with the `planted-bugs` feature: this
+//! package's dev-dependency turns it on). A clean fleet shows no anomaly, and
 //! each planted bug makes the nemesis report anomalies and exit non-zero; the report ends
 //! with the one summary line `nemesis seed S: N ops, F faults, A anomalies`.
 
+use std::path::PathBuf;
 use std::process::Command;
 
 /// What a call may take beyond its timeout here: a debug build on a shared 2-core machine,
@@ -15,6 +18,19 @@ const CI_DEADLINE_SLACK_MS: &str = "1000";
 /// the bound, the leader's clock set 90 minutes forward, a pause of the leader and a
 /// membership change.
 const SEED: &str = "162";
+
+/// The `ankusa-fleet` binary the nemesis launches: cargo puts it beside the nemesis's own.
+fn fleet_bin() -> PathBuf {
+    let bin =
+        PathBuf::from(env!("CARGO_BIN_EXE_ankusa-fleet-nemesis")).with_file_name("ankusa-fleet");
+    assert!(
+        bin.is_file(),
+        "no {} (a root-level `cargo test --all-targets` builds it; alone, `cargo build --bin \
+         ankusa-fleet --features planted-bugs` first)",
+        bin.display()
+    );
+    bin
+}
 
 struct Run {
     success: bool,
@@ -37,9 +53,11 @@ fn nemesis_with(
     planted_bug: Option<&str>,
     more: &[&str],
 ) -> Run {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_ankusa-fleet"));
+    let mut command = Command::new(env!("CARGO_BIN_EXE_ankusa-fleet-nemesis"));
     command
-        .args(["nemesis", "--seed", seed, "--duration-s", duration_s])
+        .arg("--bin")
+        .arg(fleet_bin())
+        .args(["--seed", seed, "--duration-s", duration_s])
         .args(["--deadline-slack-ms", CI_DEADLINE_SLACK_MS])
         .args(more);
     if let Some(kinds) = faults {
@@ -273,5 +291,27 @@ fn claims_in_frames_run_clean_and_a_planted_duplicate_is_still_reported() {
         anomalies_of(&bugged.report, "duplicate without a commit") > 0,
         "{}",
         bugged.report
+    );
+}
+
+/// `ankusa-fleet nemesis …` still works: it runs `ankusa-fleet-nemesis` (beside it) with the
+/// same arguments, whose usage then answers.
+#[test]
+fn ankusa_fleet_nemesis_passes_its_arguments_through() {
+    let output = Command::new(fleet_bin())
+        .args(["nemesis", "--help"])
+        .output()
+        .expect("run ankusa-fleet nemesis --help");
+    let usage = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{usage}{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(
+        usage.contains("ankusa-fleet-nemesis")
+            && usage.contains("--seed")
+            && usage.contains("--bin"),
+        "the nemesis's usage: {usage}"
     );
 }

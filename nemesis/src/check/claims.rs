@@ -8,7 +8,7 @@
 use std::collections::HashMap;
 
 use super::Anomaly;
-use crate::nemesis::history::{Answer, Decided, Op, Outcome, Request};
+use crate::history::{Answer, Decided, Op, Outcome, Request};
 
 /// Commits sent for (key, hook) that may have committed: not refused with a conflict.
 fn commits(history: &[Op]) -> HashMap<(&str, &str), Vec<&Op>> {
@@ -99,7 +99,7 @@ pub fn committed_claims_lost(history: &[Op]) -> Vec<Anomaly> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::nemesis::check::fixtures::{claim, commit, op};
+    use crate::check::fixtures::{claim, commit, op};
 
     #[test]
     fn a_duplicate_needs_a_commit_sent_before_it_returned() {

@@ -6,7 +6,7 @@ pub mod claims;
 pub mod lin;
 mod search;
 
-use crate::nemesis::history::Op;
+use crate::history::Op;
 
 /// Something a checker found that the contract forbids.
 #[derive(Clone, Debug)]
@@ -290,7 +290,7 @@ pub fn all(run: &Run<'_>) -> Findings {
 /// Histories for the checkers' tests: calls on one key `k`.
 #[cfg(test)]
 pub(crate) mod fixtures {
-    use crate::nemesis::history::{Op, Outcome, Request};
+    use crate::history::{Op, Outcome, Request};
 
     /// Call `id` (its own client) on node 1, from `span.0` to `span.1`.
     pub(crate) fn op(id: usize, request: Request, span: (u64, u64), outcome: Outcome) -> Op {

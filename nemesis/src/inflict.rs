@@ -9,7 +9,7 @@ use super::fleet::{Fleet, Rule};
 use super::history::Recorder;
 use super::schedule::{Fault, Planned};
 use super::{resolve, wait_back, wait_for_leader_among, workload, Applied, BACK_WAIT};
-use crate::pb::internal::{FaultDirection, FaultKind};
+use ankusa_fleet::pb::internal::{FaultDirection, FaultKind};
 
 /// How often a node's status is read while its clock is skewed within the bound.
 const SKEW_READ_EVERY: Duration = Duration::from_millis(250);

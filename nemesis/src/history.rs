@@ -4,7 +4,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use crate::lock::lock;
+use ankusa_fleet::lock::lock;
 
 /// What a call asked.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -1,44 +1,31 @@
-//! The nemesis's own fleet: `ankusa-fleet serve` child processes on loopback, in a
-//! directory of their own, with fault injection on; and what the nemesis does to them.
+//! The nemesis's own fleet: `ankusa-fleet serve` child processes started by
+//! [`ankusa_fleet::cmd::launch`] in a directory of their own, with fault injection on; and what the
+//! nemesis does to them.
 
-use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
 use std::time::Duration;
 
 use anyhow::Context;
-use rand::SeedableRng;
 use tokio::time::Instant;
 
-use crate::cmd::cluster::AdminTarget;
-use crate::pb;
-use crate::pb::internal::{
+use ankusa_fleet::cmd::cluster::AdminTarget;
+use ankusa_fleet::cmd::launch;
+use ankusa_fleet::pb;
+use ankusa_fleet::pb::internal::{
     AddMemberRequest, ClusterStatusRequest, FaultDirection, FaultKind, PeerFault, SetFaultsRequest,
 };
 
 /// How long the fleet may take to elect its first leader.
 const LEADER_WAIT: Duration = Duration::from_secs(30);
-/// How long an admin or status call to a node may take.
+/// How long an admin call to a node may take.
 const CALL_TIMEOUT: Duration = Duration::from_secs(2);
 /// How long a membership change may take (a joining node may catch up first).
 const MEMBERSHIP_WAIT: Duration = Duration::from_secs(20);
 
-/// One node of the fleet.
-struct Node {
-    api_addr: String,
-    raft_addr: String,
-    config: PathBuf,
-    data_dir: PathBuf,
-    log: PathBuf,
-    /// `None` while killed.
-    child: Option<Child>,
-}
-
 /// A fleet of child processes: `core` members from the start, and one spare node (id
 /// `core + 1`, no members in its config) that the `membership` fault adds and removes.
 pub struct Fleet {
-    exe: PathBuf,
-    nodes: BTreeMap<u64, Node>,
+    nodes: launch::Fleet,
     core: u64,
     /// Whether the spare is a member now (added and not yet removed).
     spare_member: bool,
@@ -65,115 +52,38 @@ impl Rule {
     }
 }
 
-/// `count` distinct free ports below the kernel's ephemeral range. A port the kernel
-/// hands out (bind to 0) can be handed out again, or taken by an outgoing connection
-/// while its node is down, and a restarted node then cannot bind it.
-fn free_ports(count: usize) -> anyhow::Result<Vec<u16>> {
-    let ephemeral_low: u16 = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
-        .ok()
-        .and_then(|range| range.split_whitespace().next()?.parse().ok())
-        .unwrap_or(32_768);
-    let low = 10_000u16.min(ephemeral_low / 2).max(1_024);
-    anyhow::ensure!(
-        low < ephemeral_low,
-        "the ephemeral range starts at {ephemeral_low}: no room below it for the fleet's ports"
-    );
-    let mut rng = rand::rngs::StdRng::from_entropy();
-    let mut ports = Vec::with_capacity(count);
-    for _ in 0..count * 100 {
-        if ports.len() == count {
-            break;
-        }
-        let port = rand::Rng::gen_range(&mut rng, low..ephemeral_low);
-        if !ports.contains(&port) && std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
-            ports.push(port);
-        }
-    }
-    anyhow::ensure!(
-        ports.len() == count,
-        "no {count} free ports below {ephemeral_low}"
-    );
-    Ok(ports)
-}
-
 impl Fleet {
-    /// Starts `count` nodes under `dir` and waits for a leader.
+    /// Starts `count` nodes of `exe` under `dir` and waits for a leader; `extra` is added
+    /// to every node's config (e.g. a `planted_bug`).
     ///
     /// # Errors
     /// When a node cannot be started or no leader is elected in time.
-    /// `extra` is added to every node's config (e.g. a `planted_bug`).
     pub async fn start(exe: &Path, dir: &Path, count: u64, extra: &str) -> anyhow::Result<Self> {
-        let ports = free_ports(2 * (count as usize + 1))?;
-        let addrs: Vec<(u64, String, String)> = (1..=count + 1)
-            .zip(ports.chunks(2))
-            .map(|(id, pair)| {
-                (
-                    id,
-                    format!("127.0.0.1:{}", pair[0]),
-                    format!("127.0.0.1:{}", pair[1]),
-                )
-            })
-            .collect();
-        let members: String = addrs[..count as usize]
-            .iter()
-            .map(|(id, api, raft)| {
-                format!("\n[[members]]\nid = {id}\napi_addr = \"{api}\"\nraft_addr = \"{raft}\"\n")
-            })
-            .collect();
-        let mut nodes = BTreeMap::new();
-        for (id, api_addr, raft_addr) in &addrs {
-            let data_dir = dir.join(format!("node{id}"));
-            let config = dir.join(format!("node{id}.toml"));
-            // The spare starts with no members: it joins when the fleet adds it.
-            let members = if *id <= count { members.as_str() } else { "" };
-            let text = format!(
-                "node_id = {id}\napi_addr = \"{api_addr}\"\nraft_addr = \"{raft_addr}\"\ndata_dir = \"{}\"\nfault_injection = true\nmax_clock_offset_ms = {}\n{extra}\n{members}",
-                data_dir.display(),
-                crate::nemesis::workload::MAX_CLOCK_OFFSET_MS,
-            );
-            std::fs::write(&config, text)
-                .with_context(|| format!("writing {}", config.display()))?;
-            nodes.insert(
-                *id,
-                Node {
-                    api_addr: api_addr.clone(),
-                    raft_addr: raft_addr.clone(),
-                    config,
-                    data_dir,
-                    log: dir.join(format!("node{id}.log")),
-                    child: None,
-                },
-            );
+        let mut nodes = launch::Fleet::new(launch::Options {
+            env: vec![("TOKIO_WORKER_THREADS".to_owned(), "1".to_owned())],
+            ..launch::Options::new(exe.to_owned(), dir.to_owned())
+        })?;
+        let specs = nodes.free_specs(1..=count + 1, false)?;
+        let extra = format!(
+            "fault_injection = true\nmax_clock_offset_ms = {}\n{extra}",
+            crate::workload::MAX_CLOCK_OFFSET_MS,
+        );
+        let (core, spare) = specs.split_at(count as usize);
+        for spec in core {
+            nodes.add_node(spec.clone(), core, &extra)?;
         }
-        let mut fleet = Self {
-            exe: exe.to_path_buf(),
+        // The spare starts with no members: it joins when the fleet adds it.
+        nodes.add_node(spare[0].clone(), &[], &extra)?;
+        for id in 1..=count {
+            nodes.start(id)?;
+        }
+        let fleet = Self {
             nodes,
             core: count,
             spare_member: false,
         };
-        for id in 1..=count {
-            fleet.spawn(id)?;
-        }
         fleet.wait_for_leader(LEADER_WAIT).await?;
         Ok(fleet)
-    }
-
-    fn spawn(&mut self, id: u64) -> anyhow::Result<()> {
-        let node = self.nodes.get_mut(&id).context("no such node")?;
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&node.log)?;
-        let child = Command::new(&self.exe)
-            .args(["serve", "--config"])
-            .arg(&node.config)
-            .env("TOKIO_WORKER_THREADS", "1")
-            .stdout(Stdio::from(log.try_clone()?))
-            .stderr(Stdio::from(log))
-            .spawn()
-            .with_context(|| format!("starting node {id}"))?;
-        node.child = Some(child);
-        Ok(())
     }
 
     /// The ids of the nodes that were members from the start.
@@ -197,7 +107,7 @@ impl Fleet {
 
     fn admin_target(&self, id: u64) -> AdminTarget {
         AdminTarget {
-            addr: Some(self.nodes[&id].raft_addr.clone()),
+            addr: Some(self.nodes.nodes[&id].spec.raft_addr.clone()),
             ..AdminTarget::default()
         }
     }
@@ -210,9 +120,9 @@ impl Fleet {
     pub async fn add_spare(&mut self, via: u64, voter: bool) -> anyhow::Result<String> {
         let spare = self.spare();
         if !self.is_up(spare) {
-            self.spawn(spare)?;
+            self.nodes.start(spare)?;
         }
-        let node = &self.nodes[&spare];
+        let node = &self.nodes.nodes[&spare].spec;
         let request = AddMemberRequest {
             cluster_id: String::new(),
             id: spare,
@@ -222,7 +132,7 @@ impl Fleet {
         };
         let answer = tokio::time::timeout(
             MEMBERSHIP_WAIT,
-            crate::cmd::cluster::add(&self.admin_target(via), request),
+            ankusa_fleet::cmd::cluster::add(&self.admin_target(via), request),
         )
         .await
         .context("AddMember timed out");
@@ -252,7 +162,7 @@ impl Fleet {
         let spare = self.spare();
         let answer = tokio::time::timeout(
             MEMBERSHIP_WAIT,
-            crate::cmd::cluster::remove(&self.admin_target(via), spare),
+            ankusa_fleet::cmd::cluster::remove(&self.admin_target(via), spare),
         )
         .await
         .context("RemoveMember timed out")
@@ -268,7 +178,7 @@ impl Fleet {
         };
         self.spare_member = false;
         self.kill(spare);
-        let data_dir = self.nodes[&spare].data_dir.clone();
+        let data_dir = self.nodes.data_dir(spare);
         std::fs::remove_dir_all(&data_dir)
             .or_else(|e| match e.kind() {
                 std::io::ErrorKind::NotFound => Ok(()),
@@ -295,41 +205,32 @@ impl Fleet {
 
     /// Node `id`'s edge address.
     pub fn api_addr(&self, id: u64) -> &str {
-        &self.nodes[&id].api_addr
+        &self.nodes.nodes[&id].spec.api_addr
     }
 
     /// Where node `id` writes its log.
     pub fn log_path(&self, id: u64) -> &Path {
-        &self.nodes[&id].log
+        &self.nodes.nodes[&id].log_path
     }
 
     /// Whether node `id` runs (it may be paused).
     pub fn is_up(&self, id: u64) -> bool {
-        self.nodes[&id].child.is_some()
+        self.nodes.nodes[&id].is_running()
     }
 
     /// Node `id`'s status, if it answers in time.
     pub async fn status(&self, id: u64) -> Option<pb::StatusResponse> {
-        tokio::time::timeout(CALL_TIMEOUT, crate::cmd::cluster::status(self.api_addr(id)))
-            .await
-            .ok()?
-            .ok()
+        self.nodes.status(id).await
     }
 
-    /// The leader every running node that answers agrees on, if any.
+    /// The leader every running core node answers with, if they all agree on one.
     pub async fn leader(&self) -> Option<u64> {
-        let mut leader = None;
-        for id in self.ids() {
-            if !self.is_up(id) {
-                continue;
-            }
-            let seen = self.status(id).await?.leader_id;
-            if seen == 0 || leader.is_some_and(|l| l != seen) {
-                return None;
-            }
-            leader = Some(seen);
-        }
-        leader
+        self.nodes.leader(&self.running(self.ids())).await
+    }
+
+    /// Those of `ids` that run (some may be paused).
+    fn running(&self, ids: Vec<u64>) -> Vec<u64> {
+        ids.into_iter().filter(|id| self.is_up(*id)).collect()
     }
 
     /// A leader some running node names, if any (whether or not the others agree).
@@ -344,68 +245,44 @@ impl Fleet {
         None
     }
 
-    /// Waits until the running nodes agree on a leader.
+    /// Waits until the running core nodes agree on a leader.
     ///
     /// # Errors
     /// When they do not within `wait`.
     pub async fn wait_for_leader(&self, wait: Duration) -> anyhow::Result<u64> {
-        let deadline = Instant::now() + wait;
-        while Instant::now() < deadline {
-            if let Some(leader) = self.leader().await {
-                return Ok(leader);
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        anyhow::bail!("no leader within {wait:?}")
+        let running = self.running(self.ids());
+        self.nodes.wait_for_leader(&running, wait).await
     }
 
-    fn signal(&self, id: u64, signal: libc::c_int) {
-        if let Some(child) = &self.nodes[&id].child {
-            if let Ok(pid) = libc::pid_t::try_from(child.id()) {
-                // SAFETY: kill(2) on a child we spawned and have not reaped; it touches no
-                // memory of ours.
-                unsafe { libc::kill(pid, signal) };
-            }
-        }
-    }
-
-    /// SIGSTOP: node `id` freezes until [`Fleet::resume`].
+    /// SIGSTOP: node `id` freezes until [`Fleet::resume`] (a no-op if it does not run).
     pub fn pause(&self, id: u64) {
-        self.signal(id, libc::SIGSTOP);
+        let _ = self.nodes.pause(id);
     }
 
     /// SIGCONT after [`Fleet::pause`].
     pub fn resume(&self, id: u64) {
-        self.signal(id, libc::SIGCONT);
+        let _ = self.nodes.resume(id);
     }
 
     /// SIGKILL: node `id` dies at once, losing whatever it had not fsynced.
     pub fn kill(&mut self, id: u64) {
-        if let Some(mut child) = self.nodes.get_mut(&id).and_then(|node| node.child.take()) {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
+        self.nodes.kill(id);
     }
 
-    /// Starts node `id` again on its data dir.
+    /// Starts node `id` again on its data dir, unless it runs. A node that exited by
+    /// itself (a stopped Raft core exits 3, as a supervisor would then see it) is started
+    /// again too.
     ///
     /// # Errors
     /// When it cannot be started.
-    /// A node that exited by itself (a stopped Raft core exits 3, as a supervisor would
-    /// then see it) is started again too.
     pub fn restart(&mut self, id: u64) -> anyhow::Result<()> {
-        if let Some(node) = self.nodes.get_mut(&id) {
-            if let Some(child) = node.child.as_mut() {
-                match child.try_wait() {
-                    Ok(Some(status)) => {
-                        tracing::warn!(id, %status, "node exited by itself; starting it again");
-                        node.child = None;
-                    }
-                    Ok(None) | Err(_) => return Ok(()),
-                }
-            }
+        if let Some(status) = self.nodes.take_exited(id)? {
+            tracing::warn!(id, %status, "node exited by itself; starting it again");
         }
-        self.spawn(id)
+        if self.is_up(id) {
+            return Ok(());
+        }
+        self.nodes.start(id)
     }
 
     /// Sets node `id`'s transport fault rules, log-writer hold and wall-clock offset (each
@@ -517,15 +394,5 @@ impl Fleet {
             }
         }
         Ok(())
-    }
-}
-
-impl Drop for Fleet {
-    fn drop(&mut self) {
-        let every: Vec<u64> = self.nodes.keys().copied().collect();
-        for id in every {
-            self.resume(id);
-            self.kill(id);
-        }
     }
 }

@@ -13,8 +13,8 @@ use tokio::time::{Duration, Instant};
 use tonic::transport::Channel;
 use tonic::Status;
 
-use crate::pb;
-use crate::pb::fleet_client::FleetClient;
+use ankusa_fleet::pb;
+use ankusa_fleet::pb::fleet_client::FleetClient;
 
 /// A claim's answer, or the status its call ended with.
 type Answered = Result<pb::HitResponse, Status>;
@@ -120,7 +120,7 @@ async fn run(
             reply = reply => match reply {
                 Ok(Some(reply)) => {
                     for answer in reply.answers {
-                        let (id, result) = crate::api::batch::answer_result(answer);
+                        let (id, result) = ankusa_fleet::api::batch::answer_result(answer);
                         if let Some(waiter) = waiting.remove(&id) {
                             let _ = waiter.send(result);
                         }

@@ -1,5 +1,7 @@
-//! The nemesis: a fleet of child processes, a seeded workload and a seeded fault schedule,
-//! and checkers over the history it records (docs/reliability.md).
+//! The nemesis: a fleet of `ankusa-fleet serve` child processes (started by
+//! [`ankusa_fleet::cmd::launch`]), a seeded workload and a seeded fault schedule, and checkers
+//! over the history it records (docs/reliability.md). A crate of its own, so the node's
+//! library and binary carry none of it; the `ankusa-fleet-nemesis` binary runs it.
 
 pub mod check;
 pub mod fleet;
@@ -28,14 +30,16 @@ use schedule::{Fault, Planned, Target};
 /// What to run.
 #[derive(Clone, Debug)]
 pub struct Plan {
+    /// The `ankusa-fleet` binary the fleet's nodes run.
+    pub exe: PathBuf,
     pub seed: u64,
     pub duration: Duration,
     pub nodes: u64,
     pub clients_per_node: usize,
     /// What a call may take beyond its timeout.
     pub deadline_slack: Duration,
-    /// A known bug every node plays (`config::PlantedBug`, as the config spells it), to
-    /// show the checkers catch it.
+    /// A known bug every node plays (`ankusa_fleet::config::PlantedBug`, as the config
+    /// spells it), to show the checkers catch it.
     pub planted_bug: Option<String>,
     /// The fault kinds to draw from (names of `schedule::KINDS`).
     pub kinds: Vec<String>,
@@ -92,13 +96,12 @@ pub async fn run(plan: &Plan) -> anyhow::Result<Outcomes> {
         std::process::id()
     ));
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-    let exe = std::env::current_exe()?;
     let extra = plan
         .planted_bug
         .as_ref()
         .map(|bug| format!("planted_bug = \"{bug}\""))
         .unwrap_or_default();
-    let mut fleet = Fleet::start(&exe, &dir, plan.nodes, &extra).await?;
+    let mut fleet = Fleet::start(&plan.exe, &dir, plan.nodes, &extra).await?;
     let kinds: Vec<&str> = plan.kinds.iter().map(String::as_str).collect();
     if let Some(unknown) = kinds.iter().find(|kind| !schedule::KINDS.contains(kind)) {
         anyhow::bail!(
@@ -434,7 +437,7 @@ impl Outcomes {
         if !self.findings.anomalies.is_empty() {
             let _ = writeln!(
                 out,
-                "replay: ankusa-fleet nemesis --seed {} --duration-s {} --nodes {} --clients {} --deadline-slack-ms {} --faults {}{}{}",
+                "replay: ankusa-fleet-nemesis --seed {} --duration-s {} --nodes {} --clients {} --deadline-slack-ms {} --faults {}{}{}",
                 plan.seed,
                 plan.duration.as_secs(),
                 plan.nodes,

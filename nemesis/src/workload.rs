@@ -16,8 +16,8 @@ use tokio::sync::watch;
 use tonic::transport::Channel;
 
 use super::history::{Answer, Decided, Op, Outcome, Recorder, Request};
-use crate::pb;
-use crate::pb::fleet_client::FleetClient;
+use ankusa_fleet::pb;
+use ankusa_fleet::pb::fleet_client::FleetClient;
 
 /// The tenant and source of every checked claim.
 const TENANT: &str = "nemesis";
@@ -34,14 +34,14 @@ pub const MAX_CLOCK_OFFSET_MS: u64 = 500;
 /// How far the `skew` fault sets a wall clock, forward or back: within the bound.
 pub const SMALL_SKEW_MS: i64 = MAX_CLOCK_OFFSET_MS as i64 / 2;
 /// The charges' bucket: 10 at once, 10 per second.
-pub const BUCKET: crate::nemesis::check::budget::Bucket = crate::nemesis::check::budget::Bucket {
+pub const BUCKET: crate::check::budget::Bucket = crate::check::budget::Bucket {
     increment_us: 100_000,
     capacity_us: 1_000_000,
 };
 // The bucket search (`check::bucket`) works on a 1 ms grid: the bucket must fit it.
 const _: () = assert!(
-    BUCKET.increment_us % crate::nemesis::check::bucket::GRID_US == 0
-        && BUCKET.capacity_us % crate::nemesis::check::bucket::GRID_US == 0
+    BUCKET.increment_us % crate::check::bucket::GRID_US == 0
+        && BUCKET.capacity_us % crate::check::bucket::GRID_US == 0
 );
 /// How long a set of keys is fresh.
 pub const KEY_WINDOW_MS: u64 = 2_000;
