@@ -39,8 +39,11 @@ fn node_code(error: &NodeError) -> Code {
         NodeError::Unavailable { .. }
         | NodeError::Overloaded { .. }
         | NodeError::NotLeader { .. } => Code::Unavailable,
-        NodeError::Membership { .. } => Code::FailedPrecondition,
-        NodeError::Local(_) | NodeError::Fatal { .. } => Code::Internal,
+        NodeError::Membership { .. } | NodeError::MembershipRejected(_) => Code::FailedPrecondition,
+        NodeError::Local(_)
+        | NodeError::Fatal { .. }
+        | NodeError::Failed(_)
+        | NodeError::Command(_) => Code::Internal,
         NodeError::Refused {
             refusal: Refusal::Exhausted { .. },
         } => Code::ResourceExhausted,
@@ -200,6 +203,20 @@ mod tests {
                     reason: "x".to_owned(),
                 },
                 Code::Internal,
+            ),
+            (
+                NodeError::Failed(Box::new(std::io::Error::other("x"))),
+                Code::Internal,
+            ),
+            (
+                NodeError::Command(crate::codec::CodecError::Trailing { trailing_bytes: 1 }),
+                Code::Internal,
+            ),
+            (
+                NodeError::MembershipRejected(Box::new(openraft::error::RaftError::Fatal(
+                    openraft::error::Fatal::Stopped,
+                ))),
+                Code::FailedPrecondition,
             ),
             (
                 NodeError::Refused {

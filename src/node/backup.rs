@@ -79,10 +79,8 @@ fn index(read: Option<LogId>) -> u64 {
     read.map_or(0, |log_id| log_id.index)
 }
 
-fn fatal(e: impl std::fmt::Display) -> NodeError {
-    NodeError::Fatal {
-        reason: e.to_string(),
-    }
+fn fatal(e: impl std::error::Error + Send + Sync + 'static) -> NodeError {
+    NodeError::Failed(Box::new(e))
 }
 
 fn read_error(e: RaftError<NodeId, CheckIsLeaderError<NodeId, MemberNode>>) -> NodeError {

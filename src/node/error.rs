@@ -2,7 +2,7 @@
 //! fleet could not take it in time (contract §7 then has the node answer from its own
 //! state). Their gRPC codes are in `api::status`.
 
-use openraft::error::{CheckIsLeaderError, RaftError};
+use openraft::error::{CheckIsLeaderError, ClientWriteError, RaftError};
 
 use crate::local::LocalError;
 use crate::raft::{MemberNode, NodeId, ProposeRefusal};
@@ -20,12 +20,23 @@ pub enum NodeError {
     Overloaded { retry_after_ms: u64 },
     #[error("this node is not the leader (leader raft_addr: {leader_raft_addr:?})")]
     NotLeader { leader_raft_addr: Option<String> },
+    /// This node refused a membership change (its own words).
     #[error("membership change refused: {reason}")]
     Membership { reason: String },
+    /// openraft refused a membership change (boxed: openraft's error is large).
+    #[error("membership change refused: {0}")]
+    MembershipRejected(#[source] Box<RaftError<NodeId, ClientWriteError<NodeId, MemberNode>>>),
     #[error("local store: {0}")]
     Local(#[from] LocalError),
+    /// Something that cannot happen on a sound node did (its own words, or a peer's).
     #[error("fatal: {reason}")]
     Fatal { reason: String },
+    /// A store or openraft failed under a call: the cause, kept.
+    #[error("fatal: {0}")]
+    Failed(#[source] Box<dyn std::error::Error + Send + Sync>),
+    /// A command did not encode (never one of the crate's: see `EncodedCommand::encode`).
+    #[error("fatal: command: {0}")]
+    Command(#[source] crate::codec::CodecError),
     /// The fleet refused the command (a state limit, or the leader's re-check of its
     /// fields): nothing was written, and it is never decided locally instead.
     #[error("{refusal}")]
@@ -64,12 +75,9 @@ impl NodeError {
     }
 }
 
-/// A command that does not encode (never one of the crate's: see `EncodedCommand::encode`).
 impl From<crate::codec::CodecError> for NodeError {
     fn from(e: crate::codec::CodecError) -> Self {
-        NodeError::Fatal {
-            reason: format!("command: {e}"),
-        }
+        NodeError::Command(e)
     }
 }
 

@@ -41,9 +41,7 @@ impl Node {
                 .durable
                 .wait_for(index)
                 .await
-                .map_err(|e| NodeError::Fatal {
-                    reason: e.to_string(),
-                }),
+                .map_err(|e| NodeError::Failed(Box::new(e))),
             None => Ok(()),
         }
     }
@@ -125,8 +123,6 @@ fn membership_error(e: RaftError<NodeId, ClientWriteError<NodeId, MemberNode>>) 
         RaftError::APIError(ClientWriteError::ForwardToLeader(forward)) => NodeError::NotLeader {
             leader_raft_addr: forward.leader_node.map(|n| n.raft_addr),
         },
-        other => NodeError::Membership {
-            reason: other.to_string(),
-        },
+        other => NodeError::MembershipRejected(Box::new(other)),
     }
 }
