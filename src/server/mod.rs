@@ -93,7 +93,7 @@ pub enum StartError {
     #[error("{0}")]
     Tls(#[from] crate::tls::TlsError),
     #[error("grpc reflection: {0}")]
-    Reflection(String),
+    Reflection(#[source] tonic_reflection::server::Error),
     #[error("{0}")]
     RateLimits(#[from] crate::api::envoy::limits_file::LimitsError),
     #[error(

@@ -166,7 +166,7 @@ mod reflection {
     }
 
     fn failed(e: tonic_reflection::server::Error) -> StartError {
-        StartError::Reflection(e.to_string())
+        StartError::Reflection(e)
     }
 
     pub(super) fn v1() -> Result<
