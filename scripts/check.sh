@@ -22,4 +22,9 @@ if ! command -v openssl >/dev/null; then
 fi
 echo "== cargo test"
 # Cluster tests start real node processes; two at a time keeps a 2-core machine responsive.
+# The nemesis's dev-dependency turns on `planted-bugs` for every test build of the
+# workspace, so the product as built (the feature off) is linted and unit-tested apart.
 cargo test --all-targets --locked -- --test-threads 2
+echo "== the node without planted-bugs: cargo clippy and cargo test --lib"
+cargo clippy -p ankusa-fleet --all-targets --locked -- -D warnings
+cargo test -p ankusa-fleet --lib --locked -- --test-threads 2

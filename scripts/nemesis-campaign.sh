@@ -13,6 +13,10 @@ first=$1 last=$2 duration=$3 nodes=$4 out=${5:-data/nemesis} slack=${6:-5}
 mkdir -p "$out"
 bin=${BIN:-./target/release/ankusa-fleet}
 if [ -z "${BIN:-}" ]; then cargo build --release --locked --quiet; fi
+if [ ! -x "$(dirname "$bin")/ankusa-fleet-nemesis" ]; then
+    echo "nemesis-campaign: no ankusa-fleet-nemesis beside $bin (copy it there too)" >&2
+    exit 1
+fi
 for seed in $(seq "$first" "$last"); do
     report="$out/seed-$seed-n$nodes.txt"
     if "$bin" nemesis --seed "$seed" --duration-s "$duration" \

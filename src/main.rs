@@ -13,9 +13,17 @@ use ankusa_fleet::cmd;
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+/// The version `--version` prints; a build that carries the nemesis's planted bugs says
+/// so (the nemesis checks it before it plants one).
+const VERSION: &str = if cfg!(feature = "planted-bugs") {
+    concat!(env!("CARGO_PKG_VERSION"), " +planted-bugs")
+} else {
+    env!("CARGO_PKG_VERSION")
+};
+
 #[derive(Parser)]
 #[command(
-    version,
+    version = VERSION,
     about = "Replicated rate limiting and webhook dedupe for an edge fleet"
 )]
 struct Args {

@@ -216,7 +216,7 @@ async fn concurrent_hits_on_one_stream_each_get_their_own_answer() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_frozen_node_is_a_timeout_by_the_deadline_not_a_hang() {
     init_tracing();
-    let fleet = Fleet::start(3, "").await;
+    let mut fleet = Fleet::start(3, "").await;
     let leader = fleet.wait_for_leader(&[1, 2, 3]).await;
     let id = (1..=3).find(|id| *id != leader).expect("a follower");
     let client = client_of(&fleet, id);

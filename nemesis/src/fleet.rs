@@ -255,12 +255,12 @@ impl Fleet {
     }
 
     /// SIGSTOP: node `id` freezes until [`Fleet::resume`] (a no-op if it does not run).
-    pub fn pause(&self, id: u64) {
+    pub fn pause(&mut self, id: u64) {
         let _ = self.nodes.pause(id);
     }
 
     /// SIGCONT after [`Fleet::pause`].
-    pub fn resume(&self, id: u64) {
+    pub fn resume(&mut self, id: u64) {
         let _ = self.nodes.resume(id);
     }
 

@@ -57,11 +57,37 @@ fn default_bin() -> anyhow::Result<PathBuf> {
     Ok(exe.with_file_name("ankusa-fleet"))
 }
 
+/// Checks that `exe` carries the planted bugs (`--version` says `+planted-bugs`): a node
+/// built without them refuses a config that plants one, and the fleet would elect no leader.
+fn check_planted_bugs(exe: &std::path::Path) -> anyhow::Result<()> {
+    let output = std::process::Command::new(exe)
+        .arg("--version")
+        .output()
+        .with_context(|| format!("running {} --version", exe.display()))?;
+    let version = String::from_utf8_lossy(&output.stdout);
+    anyhow::ensure!(
+        version.contains("+planted-bugs"),
+        "--plant-bug needs an ankusa-fleet built with the `planted-bugs` feature, and {} is          not ({}): build it with `cargo build --bin ankusa-fleet --features planted-bugs` (add          --release for a release build)",
+        exe.display(),
+        version.trim()
+    );
+    Ok(())
+}
+
+#[tokio::main]
+async fn main() -> std::process::ExitCode {
+    match run(NemesisArgs::parse()).await {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("Error: {}", ankusa_fleet::cmd::one_line(&error));
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
 /// Runs the plan and prints its report. A run with an anomaly writes the whole history
 /// beside the fleet's logs and exits 1; a clean run removes its directory.
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
-    let args = NemesisArgs::parse();
+async fn run(args: NemesisArgs) -> anyhow::Result<()> {
     let exe = match args.bin {
         Some(bin) => bin,
         None => default_bin()?,
@@ -72,6 +98,9 @@ async fn main() -> anyhow::Result<()> {
          name one with --bin)",
         exe.display()
     );
+    if args.plant_bug.is_some() {
+        check_planted_bugs(&exe)?;
+    }
     let plan = nemesis::Plan {
         exe,
         seed: args.seed,

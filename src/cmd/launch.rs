@@ -357,15 +357,22 @@ impl Fleet {
         }
     }
 
-    fn signal(&self, id: u64, signal: libc::c_int) -> std::io::Result<()> {
-        let pid = self
+    fn signal(&mut self, id: u64, signal: libc::c_int) -> std::io::Result<()> {
+        let not_running = || std::io::Error::other(format!("node {id} does not run"));
+        let child = self
             .nodes
-            .get(&id)
-            .and_then(Node::pid)
-            .ok_or_else(|| std::io::Error::other(format!("node {id} does not run")))?;
-        let pid = libc::pid_t::try_from(pid).map_err(std::io::Error::other)?;
-        // SAFETY: kill(2) on a child we spawned and have not reaped (a reaped one's `Child`
-        // is gone); it touches no memory of ours.
+            .get_mut(&id)
+            .and_then(|node| node.child.as_mut())
+            .ok_or_else(not_running)?;
+        // A child already reaped (by `try_wait` here or before: std keeps its status) has a
+        // pid the kernel may have given to another process. Only this process reaps its
+        // children, so one not reaped now stays ours until the signal is sent.
+        if child.try_wait()?.is_some() {
+            return Err(not_running());
+        }
+        let pid = libc::pid_t::try_from(child.id()).map_err(std::io::Error::other)?;
+        // SAFETY: kill(2) on a child we spawned and have not reaped (checked above); it
+        // touches no memory of ours.
         if unsafe { libc::kill(pid, signal) } == 0 {
             Ok(())
         } else {
@@ -377,7 +384,7 @@ impl Fleet {
     ///
     /// # Errors
     /// When it does not run or the signal cannot be sent.
-    pub fn terminate(&self, id: u64) -> std::io::Result<()> {
+    pub fn terminate(&mut self, id: u64) -> std::io::Result<()> {
         self.signal(id, libc::SIGTERM)
     }
 
@@ -385,7 +392,7 @@ impl Fleet {
     ///
     /// # Errors
     /// As [`Fleet::terminate`].
-    pub fn pause(&self, id: u64) -> std::io::Result<()> {
+    pub fn pause(&mut self, id: u64) -> std::io::Result<()> {
         self.signal(id, libc::SIGSTOP)
     }
 
@@ -393,7 +400,7 @@ impl Fleet {
     ///
     /// # Errors
     /// As [`Fleet::terminate`].
-    pub fn resume(&self, id: u64) -> std::io::Result<()> {
+    pub fn resume(&mut self, id: u64) -> std::io::Result<()> {
         self.signal(id, libc::SIGCONT)
     }
 
@@ -480,10 +487,11 @@ impl Drop for Fleet {
     /// `drain_on_drop` to exit, then SIGKILL.
     fn drop(&mut self) {
         let draining = !self.options.drain_on_drop.is_zero();
-        for id in self.nodes.keys() {
-            let _ = self.resume(*id);
+        let ids: Vec<u64> = self.nodes.keys().copied().collect();
+        for id in ids {
+            let _ = self.resume(id);
             if draining {
-                let _ = self.terminate(*id);
+                let _ = self.terminate(id);
             }
         }
         let deadline = std::time::Instant::now() + self.options.drain_on_drop;

@@ -18,8 +18,9 @@ pub fn exec(args: &[OsString]) -> anyhow::Error {
     };
     if !nemesis.is_file() {
         return anyhow::anyhow!(
-            "the nemesis is a binary of its own: no {} at {} (build it with `cargo build -p \
-             ankusa-fleet-nemesis`, or run it directly)",
+            "the nemesis is a binary of its own: no {} at {} (build it beside this one with \
+             `cargo build -p ankusa-fleet-nemesis`, adding --release for a release build, or \
+             install both with `cargo install --path . && cargo install --path nemesis`)",
             NEMESIS_BIN,
             nemesis.display()
         );

@@ -7,14 +7,14 @@ use super::Fleet;
 
 impl Fleet {
     /// SIGSTOP: the process freezes (no answer, no timer) until [`Fleet::resume`].
-    pub fn pause(&self, id: u64) {
+    pub fn pause(&mut self, id: u64) {
         self.launch
             .pause(id)
             .unwrap_or_else(|e| panic!("SIGSTOP to node {id}: {e}"));
     }
 
     /// SIGCONT after [`Fleet::pause`].
-    pub fn resume(&self, id: u64) {
+    pub fn resume(&mut self, id: u64) {
         self.launch
             .resume(id)
             .unwrap_or_else(|e| panic!("SIGCONT to node {id}: {e}"));

@@ -231,7 +231,7 @@ impl Fleet {
     }
 
     /// SIGTERM: the node drains and exits.
-    pub fn terminate(&self, id: u64) {
+    pub fn terminate(&mut self, id: u64) {
         self.launch
             .terminate(id)
             .unwrap_or_else(|e| panic!("SIGTERM to node {id}: {e}"));

@@ -46,7 +46,7 @@ async fn a_paused_follower_or_leader_never_blocks_answers() {
     init_tracing();
     const TENANT: &str = "paused";
     const TIMEOUT_MS: u32 = 300;
-    let fleet = Fleet::start(3, "").await;
+    let mut fleet = Fleet::start(3, "").await;
     let journal = History::default();
     let leader = fleet.wait_for_leader(&[1, 2, 3]).await;
     let followers: Vec<u64> = (1..=3).filter(|id| *id != leader).collect();
