@@ -13,7 +13,8 @@ first=$1 last=$2 duration=$3 nodes=$4 out=${5:-data/nemesis} slack=${6:-5}
 mkdir -p "$out"
 bin=${BIN:-./target/release/ankusa-fleet}
 if [ -z "${BIN:-}" ]; then cargo build --release --locked --quiet; fi
-if [ ! -x "$(dirname "$bin")/ankusa-fleet-nemesis" ]; then
+# `ankusa-fleet nemesis` looks beside its own executable, links followed.
+if [ ! -x "$(dirname "$(readlink -f "$(command -v "$bin")")")/ankusa-fleet-nemesis" ]; then
     echo "nemesis-campaign: no ankusa-fleet-nemesis beside $bin (copy it there too)" >&2
     exit 1
 fi

@@ -24,13 +24,39 @@ fn sources(dir: &Path, found: &mut Vec<PathBuf>) {
     }
 }
 
-/// The text of a file up to its first `#[cfg(test)]` (unit tests sit at a file's end).
-fn code_of(path: &Path) -> String {
-    let text = std::fs::read_to_string(path).expect("read a source file");
-    match text.find("#[cfg(test)]") {
-        Some(at) => text[..at].to_owned(),
-        None => text,
+/// The non-test code of a file: without its comments (a doc naming `crate::x` imports
+/// nothing) and without its inline test modules (`#[cfg(test)]` then `mod … {`, to the
+/// brace that closes it). Other `#[cfg(test)]` items (a test-only method) stay: they are
+/// few, and counting their imports can only show an edge too many.
+fn code_of(text: &str) -> String {
+    let mut code = String::new();
+    let mut lines = text.lines().peekable();
+    while let Some(line) = lines.next() {
+        let trimmed = line.trim_start();
+        if trimmed.starts_with("//") {
+            continue;
+        }
+        let test_module = trimmed.starts_with("#[cfg(test)]")
+            && lines.peek().is_some_and(|next| {
+                let next = next.trim_start();
+                (next.starts_with("mod ") || next.starts_with("pub(crate) mod "))
+                    && next.trim_end().ends_with('{')
+            });
+        if test_module {
+            let mut depth = 0usize;
+            for inner in lines.by_ref() {
+                depth += inner.matches('{').count();
+                depth = depth.saturating_sub(inner.matches('}').count());
+                if depth == 0 {
+                    break;
+                }
+            }
+            continue;
+        }
+        code.push_str(line);
+        code.push('\n');
     }
+    code
 }
 
 /// The module names that follow `crate::` in `code`.
@@ -63,7 +89,8 @@ fn import_graph() -> Graph {
         if top == "lib" || top == "main" {
             continue;
         }
-        let targets = named_modules(&code_of(&file));
+        let text = std::fs::read_to_string(&file).expect("read a source file");
+        let targets = named_modules(&code_of(&text));
         let edges = graph.entry(top.clone()).or_default();
         edges.extend(targets.into_iter().filter(|target| *target != top));
     }
@@ -123,6 +150,26 @@ fn the_state_machine_imports_only_pure_modules() {
         .collect();
     let impure: Vec<&String> = state.difference(&pure).collect();
     assert!(impure.is_empty(), "state/ imports {impure:?}");
+}
+
+#[test]
+fn the_reader_skips_comments_and_test_modules_but_not_test_only_items() {
+    let text = "//! See `crate::raft` for more.\n\
+                use crate::state::Command;\n\
+                impl X {\n\
+                    #[cfg(test)]\n\
+                    fn only_in_tests() { crate::clock::now(); }\n\
+                }\n\
+                #[cfg(test)]\n\
+                mod tests {\n\
+                    use crate::node::Node;\n\
+                    fn f() { if true { crate::api::x(); } }\n\
+                }\n\
+                fn after() { crate::codec::decode(); }\n";
+    assert_eq!(
+        named_modules(&code_of(text)),
+        BTreeSet::from(["clock".to_owned(), "codec".to_owned(), "state".to_owned()])
+    );
 }
 
 #[test]

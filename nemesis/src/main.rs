@@ -67,7 +67,9 @@ fn check_planted_bugs(exe: &std::path::Path) -> anyhow::Result<()> {
     let version = String::from_utf8_lossy(&output.stdout);
     anyhow::ensure!(
         version.contains("+planted-bugs"),
-        "--plant-bug needs an ankusa-fleet built with the `planted-bugs` feature, and {} is          not ({}): build it with `cargo build --bin ankusa-fleet --features planted-bugs` (add          --release for a release build)",
+        "--plant-bug needs an ankusa-fleet built with the `planted-bugs` feature, and {} is \
+         not ({}): build it with `cargo build --bin ankusa-fleet --features planted-bugs` (add \
+         --release for a release build)",
         exe.display(),
         version.trim()
     );

@@ -42,7 +42,15 @@ fn fleet_bin() -> PathBuf {
     );
     let built = modified(&bin);
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
-    let newest = newest_source(&root.join("src")).max(modified(&root.join("Cargo.toml")));
+    let newest = [
+        newest_source(&root.join("src"), "rs"),
+        newest_source(&root.join("client").join("src"), "rs"),
+        newest_source(&root.join("proto"), "proto"),
+        modified(&root.join("build.rs")),
+    ]
+    .into_iter()
+    .max()
+    .expect("four times");
     assert!(
         built >= newest,
         "{} is older than the node's sources: {build}",
@@ -57,19 +65,53 @@ fn modified(path: &std::path::Path) -> std::time::SystemTime {
         .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
-/// The newest modification time of any file under `dir`.
-fn newest_source(dir: &std::path::Path) -> std::time::SystemTime {
+/// The newest modification time of the files under `dir` whose names end in `.{extension}`
+/// (what cargo compiles into the node; an editor's scratch file is not), following no link.
+fn newest_source(dir: &std::path::Path, extension: &str) -> std::time::SystemTime {
     let mut newest = std::time::SystemTime::UNIX_EPOCH;
     for entry in std::fs::read_dir(dir).expect("read the node's sources") {
         let path = entry.expect("a dir entry").path();
-        let time = if path.is_dir() {
-            newest_source(&path)
-        } else {
-            modified(&path)
-        };
-        newest = newest.max(time);
+        let kind = std::fs::symlink_metadata(&path)
+            .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+            .file_type();
+        if kind.is_dir() {
+            newest = newest.max(newest_source(&path, extension));
+        } else if kind.is_file() && path.extension().is_some_and(|e| e == extension) {
+            newest = newest.max(modified(&path));
+        }
     }
     newest
+}
+
+/// A binary that answers `--version` as a node built without the planted bugs does: the
+/// nemesis refuses to plant one with it, at once and in one line.
+#[test]
+fn a_planted_bug_on_a_node_without_them_is_refused_at_once() {
+    let dir = std::env::temp_dir().join(format!("nemesis-no-bugs-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("a temp dir");
+    let fake = dir.join("ankusa-fleet");
+    std::fs::write(&fake, "#!/bin/sh\necho 'ankusa-fleet 0.1.0'\n").expect("write the fake node");
+    let mut permissions = std::fs::metadata(&fake)
+        .expect("its metadata")
+        .permissions();
+    std::os::unix::fs::PermissionsExt::set_mode(&mut permissions, 0o755);
+    std::fs::set_permissions(&fake, permissions).expect("make it executable");
+    let output = Command::new(env!("CARGO_BIN_EXE_ankusa-fleet-nemesis"))
+        .arg("--bin")
+        .arg(&fake)
+        .args(["--seed", "1", "--plant-bug", "one_charge_over"])
+        .output()
+        .expect("run the nemesis");
+    let _ = std::fs::remove_dir_all(&dir);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("--plant-bug needs an ankusa-fleet built with the `planted-bugs` feature")
+            && stderr.contains("(ankusa-fleet 0.1.0)")
+            && !stderr.contains("  ")
+            && stderr.trim_end().lines().count() == 1,
+        "one clean line: {stderr}"
+    );
 }
 
 struct Run {

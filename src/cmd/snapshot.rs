@@ -80,7 +80,8 @@ async fn raft_addr_of(api_addr: &str) -> anyhow::Result<String> {
         .map(|member| member.raft_addr.clone())
         .with_context(|| {
             format!(
-                "--addr {api_addr}: node {} is not a member of a fleet yet (its Status lists no                  raft_addr for it)",
+                "--addr {api_addr}: node {} is not a member of a fleet yet (its Status lists no \
+                 raft_addr for it)",
                 status.node_id
             )
         })

@@ -23,8 +23,8 @@ impl Node {
     ///
     /// # Errors
     /// `NotLeader` on a follower (the caller forwards), `Unavailable` when no quorum
-    /// confirms the leader or no snapshot covers the read within a minute, `Fatal`
-    /// when the stored snapshot cannot be read.
+    /// confirms the leader or no snapshot covers the read within a minute, `Failed`
+    /// when openraft cannot trigger the snapshot or the stored one cannot be read.
     pub async fn backup(&self) -> Result<(LogId, Vec<u8>), NodeError> {
         let started = tokio::time::Instant::now();
         let read = tokio::time::timeout(BACKUP_WAIT, self.raft.ensure_linearizable())

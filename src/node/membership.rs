@@ -50,7 +50,8 @@ impl Node {
     /// purged), and is promoted to voter when asked and fewer than `voters_max` vote.
     ///
     /// # Errors
-    /// `NotLeader` on a follower (the caller forwards), `Membership` when openraft refuses.
+    /// `NotLeader` on a follower (the caller forwards), `MembershipRejected` when openraft
+    /// refuses.
     pub async fn add_member(
         &self,
         id: NodeId,
@@ -88,7 +89,8 @@ impl Node {
     /// Removes a member (voter or learner) from the fleet; it stops taking part.
     ///
     /// # Errors
-    /// `NotLeader` on a follower, `Membership` when openraft refuses (e.g. unknown id).
+    /// `NotLeader` on a follower, `Membership` for an id that is not a member,
+    /// `MembershipRejected` when openraft refuses.
     pub async fn remove_member(&self, id: NodeId) -> Result<String, NodeError> {
         self.ensure_leader()?;
         let _alone = self.membership_changes.lock().await;
