@@ -28,3 +28,10 @@ cargo test --all-targets --locked -- --test-threads 2
 echo "== the node without planted-bugs: cargo clippy and cargo test --lib"
 cargo clippy -p ankusa-fleet --all-targets --locked -- -D warnings
 cargo test -p ankusa-fleet --lib --locked -- --test-threads 2
+echo "== cargo run -- --version: the README's cargo run starts the node, with no planted bugs"
+version=$(cargo run --locked --quiet -- --version)
+echo "$version"
+if [[ $version == *planted-bugs* ]]; then
+    echo "check.sh: a plain build carries the planted bugs" >&2
+    exit 1
+fi
