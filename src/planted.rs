@@ -33,8 +33,8 @@ pub enum PlantedBug {
 /// Whether this build can plant bugs (the `planted-bugs` feature).
 pub const AVAILABLE: bool = cfg!(feature = "planted-bugs");
 
-/// The bug a node plays, if any. Empty (a zero-sized type) without the `planted-bugs`
-/// feature.
+/// The bug a node plays, if any (`Default`: none). Empty (a zero-sized type) without the
+/// `planted-bugs` feature.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Planted {
     #[cfg(feature = "planted-bugs")]
@@ -42,12 +42,6 @@ pub struct Planted {
 }
 
 impl Planted {
-    /// No bug.
-    pub const NONE: Planted = Planted {
-        #[cfg(feature = "planted-bugs")]
-        bug: None,
-    };
-
     /// `bug` planted; `None` where this build has no planted bugs (`config` refuses a
     /// `planted_bug` there before it gets here).
     pub fn new(bug: PlantedBug) -> Option<Self> {

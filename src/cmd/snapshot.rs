@@ -351,8 +351,9 @@ async fn seed(
     let sled_path = dir.join(STATE_SLED_DIR);
     let disk = SledDisk::open(&sled_path, RESTORE_SLED_CACHE_BYTES)
         .with_context(|| format!("creating {}", sled_path.display()))?;
-    let mut state = StateMachineStore::open(&disk, log.durable(), crate::planted::Planted::NONE)
-        .with_context(|| format!("opening {}", sled_path.display()))?;
+    let mut state =
+        StateMachineStore::open(&disk, log.durable(), crate::planted::Planted::default())
+            .with_context(|| format!("opening {}", sled_path.display()))?;
     state
         .install_snapshot(meta, Box::new(Cursor::new(data)))
         .await

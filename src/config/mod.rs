@@ -232,7 +232,7 @@ fn invalid(field: impl Into<String>, reason: impl Into<String>) -> ConfigError {
 /// build with the `planted-bugs` feature (a release build refuses the key at load).
 fn planted(bug: Option<PlantedBug>, fault_injection: bool) -> Result<Planted, ConfigError> {
     let Some(bug) = bug else {
-        return Ok(Planted::NONE);
+        return Ok(Planted::default());
     };
     if !fault_injection {
         return Err(invalid("planted_bug", "needs fault_injection = true"));

@@ -68,7 +68,7 @@ impl Faults {
         Self {
             enabled,
             rules: Arc::default(),
-            planted: Planted::NONE,
+            planted: Planted::default(),
             log_hold: Arc::default(),
         }
     }
@@ -88,7 +88,7 @@ impl Faults {
         if self.enabled {
             self.planted
         } else {
-            Planted::NONE
+            Planted::default()
         }
     }
 

@@ -258,7 +258,7 @@ mod tests {
             .expect("open log");
         let disk = SledDisk::open(&dir.path().join("state.sled"), 1 << 20).expect("sled");
         let mut state =
-            StateMachineStore::open(&disk, log.durable(), crate::planted::Planted::NONE)
+            StateMachineStore::open(&disk, log.durable(), crate::planted::Planted::default())
                 .expect("open state");
         let entry = Entry {
             log_id: LogId::new(openraft::CommittedLeaderId::new(1, 1), 1),
