@@ -5,6 +5,8 @@
 //! hits gather into the next one, which leaves when the frame in flight is answered (every
 //! hit of it answered or past its deadline), when it is full ([`FRAME_HITS_MAX`] hits or
 //! [`FRAME_BYTES_MAX`] bytes), or when its oldest hit has waited a quarter of its time.
+//! When a frame is answered, its callers get one turn of the runtime before the next frame
+//! leaves, so a caller that hits again at once rides in it rather than in the one after.
 //! Answers come by id in any order, so a slow hit holds back no other caller.
 //!
 //! This task never waits for a caller, and a caller never waits for it past its deadline:
@@ -247,6 +249,21 @@ fn gather(gathered: &mut Gathered, jobs: Submission) {
     }
 }
 
+/// Gathers the submissions already waiting, while the task holds fewer than
+/// [`HITS_HELD_MAX`] hits (`pending` of them sent and unanswered).
+fn gather_waiting(
+    gathered: &mut Gathered,
+    submissions: &mut mpsc::Receiver<Submission>,
+    pending: usize,
+) {
+    while gathered.len() + pending < HITS_HELD_MAX {
+        let Ok(jobs) = submissions.try_recv() else {
+            break;
+        };
+        gather(gathered, jobs);
+    }
+}
+
 fn drop_unwanted(gathered: &mut Gathered) {
     let now = Instant::now();
     let jobs = std::mem::take(&mut gathered.jobs);
@@ -348,17 +365,23 @@ impl OpenStream {
                     // frame (this branch comes first): a frame answered sends them all.
                     Some(jobs) => {
                         gather(gathered, jobs);
-                        while gathered.len() + self.pending.len() < HITS_HELD_MAX {
-                            let Ok(jobs) = submissions.try_recv() else {
-                                break;
-                            };
-                            gather(gathered, jobs);
-                        }
+                        gather_waiting(gathered, submissions, self.pending.len());
                     }
                     None => accepting = false,
                 },
                 reply = replies.next() => match reply {
-                    Some(Ok(reply)) => self.answer(reply),
+                    Some(Ok(reply)) => {
+                        self.answer(reply);
+                        if accepting && self.frames.is_empty() {
+                            // The next frame leaves now. Callers just answered that hit
+                            // again at once join it: they run first (one turn of the
+                            // runtime, no timer), or they would wait out a whole frame
+                            // more, and closed-loop callers would split into two groups
+                            // taking turns, each frame carrying half of them.
+                            tokio::task::yield_now().await;
+                            gather_waiting(gathered, submissions, self.pending.len());
+                        }
+                    }
                     Some(Err(status)) => {
                         // Not the status itself: it says nothing of the hits (a
                         // stream ended INVALID_ARGUMENT did not refuse them).

@@ -302,6 +302,48 @@ async fn a_lone_hit_leaves_alone_and_hits_of_many_clones_share_the_next_frame() 
     }
 }
 
+/// A caller that hits again as soon as it is answered rides in the frame that leaves
+/// after that answer, beside the hits gathered meanwhile, not in the one after it: without
+/// that, closed-loop callers split into two groups that take turns, each frame carrying
+/// half of them.
+#[tokio::test]
+async fn a_caller_that_hits_again_on_its_answer_joins_the_next_frame() {
+    init_tracing();
+    let (addr, mut opened) = fake::start().await;
+    let client = fake_client(addr);
+    let calls = Calls::default();
+    let again = {
+        let client = client.clone();
+        tokio::spawn(async move {
+            let first = client.hit(named_hit("again", FAR_MS)).await;
+            let second = client.hit(named_hit("again-2", FAR_MS)).await;
+            (first, second)
+        })
+    };
+    let mut stream = fake::next_stream(&mut opened).await;
+    let in_flight = stream.frame().await;
+    assert_eq!(in_flight.len(), 1, "{in_flight:?}");
+    assert_eq!(in_flight[0].name, "again");
+    let waiting = calls.hit(&client, "waiting", FAR_MS);
+    calls.wait_for(1).await;
+
+    stream.answer(&[(in_flight[0].id, None)]);
+    let next = stream.frame().await;
+    let mut names: Vec<&str> = next.iter().map(|hit| hit.name.as_str()).collect();
+    names.sort_unstable();
+    assert_eq!(names, ["again-2", "waiting"], "the frame after the answer");
+
+    let answers: Vec<(u64, Option<u64>)> = next.iter().map(|hit| (hit.id, None)).collect();
+    stream.answer(&answers);
+    assert_eq!(answer_of(waiting).await, fleet_says(Outcome::Ok));
+    let (first, second) = tokio::time::timeout(CONDITION_DEADLINE, again)
+        .await
+        .expect("the caller returned")
+        .expect("the caller's task");
+    assert_eq!(first, fleet_says(Outcome::Ok));
+    assert_eq!(second, fleet_says(Outcome::Ok));
+}
+
 /// The node answers the later of two hits in one frame first: its caller returns while
 /// the earlier one still waits, and then the earlier one gets its own answer.
 #[tokio::test]
