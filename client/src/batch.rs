@@ -5,8 +5,9 @@
 //! hits gather into the next one, which leaves when the frame in flight is answered (every
 //! hit of it answered or past its deadline), when it is full ([`FRAME_HITS_MAX`] hits or
 //! [`FRAME_BYTES_MAX`] bytes), or when its oldest hit has waited a quarter of its time.
-//! When a frame is answered, its callers get one turn of the runtime before the next frame
-//! leaves, so a caller that hits again at once rides in it rather than in the one after.
+//! When a reply answers the last hit in flight, the callers it answered get one turn of
+//! the runtime before the next frame leaves, so a caller that hits again at once rides in
+//! it rather than in the one after.
 //! Answers come by id in any order, so a slow hit holds back no other caller.
 //!
 //! This task never waits for a caller, and a caller never waits for it past its deadline:
@@ -249,6 +250,24 @@ fn gather(gathered: &mut Gathered, jobs: Submission) {
     }
 }
 
+/// Lets every task already queued to run on this thread run first (the callers a reply
+/// just answered): this task wakes itself and returns pending, which puts it at the back of
+/// the runtime's queue, behind them; their submissions then find it already woken.
+/// (`tokio::task::yield_now` would not do: on a multi-thread runtime it ends at the first
+/// wake, the first caller's submission, leaving the others for the frame after.)
+async fn let_woken_tasks_run() {
+    let mut yielded = false;
+    std::future::poll_fn(|cx| {
+        if yielded {
+            return std::task::Poll::Ready(());
+        }
+        yielded = true;
+        cx.waker().wake_by_ref();
+        std::task::Poll::Pending
+    })
+    .await;
+}
+
 /// Gathers the submissions already waiting, while the task holds fewer than
 /// [`HITS_HELD_MAX`] hits (`pending` of them sent and unanswered).
 fn gather_waiting(
@@ -371,14 +390,15 @@ impl OpenStream {
                 },
                 reply = replies.next() => match reply {
                     Some(Ok(reply)) => {
+                        let in_flight = !self.frames.is_empty();
                         self.answer(reply);
-                        if accepting && self.frames.is_empty() {
-                            // The next frame leaves now. Callers just answered that hit
-                            // again at once join it: they run first (one turn of the
+                        if accepting && in_flight && self.frames.is_empty() {
+                            // The next frame leaves now. Callers this reply answered that
+                            // hit again at once join it: they run first (one turn of the
                             // runtime, no timer), or they would wait out a whole frame
                             // more, and closed-loop callers would split into two groups
                             // taking turns, each frame carrying half of them.
-                            tokio::task::yield_now().await;
+                            let_woken_tasks_run().await;
                             gather_waiting(gathered, submissions, self.pending.len());
                         }
                     }

@@ -344,6 +344,63 @@ async fn a_caller_that_hits_again_on_its_answer_joins_the_next_frame() {
     assert_eq!(second, fleet_says(Outcome::Ok));
 }
 
+/// The same on a multi-thread runtime, an edge's, with several callers: every caller the
+/// answer woke that hits again at once rides in the next frame, not only the first of them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+async fn every_caller_that_hits_again_joins_the_next_frame_on_a_multi_thread_runtime() {
+    init_tracing();
+    let (addr, mut opened) = fake::start().await;
+    let client = fake_client(addr);
+    let calls = Calls::default();
+    let lead = calls.hit(&client, "lead", FAR_MS);
+    let mut stream = fake::next_stream(&mut opened).await;
+    let in_flight = stream.frame().await;
+    assert_eq!(in_flight.len(), 1, "{in_flight:?}");
+    let callers: Vec<_> = (0..3)
+        .map(|i| {
+            let (client, count) = (client.clone(), calls.0.clone());
+            tokio::spawn(async move {
+                count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                let first = client.hit(named_hit(&format!("again-{i}"), FAR_MS)).await;
+                let second = client.hit(named_hit(&format!("again-{i}-2"), FAR_MS)).await;
+                (first, second)
+            })
+        })
+        .collect();
+    calls.wait_for(4).await;
+    stream.answer(&[(in_flight[0].id, None)]);
+    assert_eq!(answer_of(lead).await, fleet_says(Outcome::Ok));
+    let gathered = stream.frame().await;
+    let mut names: Vec<&str> = gathered.iter().map(|hit| hit.name.as_str()).collect();
+    names.sort_unstable();
+    assert_eq!(names, ["again-0", "again-1", "again-2"]);
+
+    let waiting = calls.hit(&client, "waiting", FAR_MS);
+    calls.wait_for(5).await;
+    let answers: Vec<(u64, Option<u64>)> = gathered.iter().map(|hit| (hit.id, None)).collect();
+    stream.answer(&answers);
+    let next = stream.frame().await;
+    let mut names: Vec<&str> = next.iter().map(|hit| hit.name.as_str()).collect();
+    names.sort_unstable();
+    assert_eq!(
+        names,
+        ["again-0-2", "again-1-2", "again-2-2", "waiting"],
+        "the frame after the answer"
+    );
+
+    let answers: Vec<(u64, Option<u64>)> = next.iter().map(|hit| (hit.id, None)).collect();
+    stream.answer(&answers);
+    assert_eq!(answer_of(waiting).await, fleet_says(Outcome::Ok));
+    for caller in callers {
+        let (first, second) = tokio::time::timeout(CONDITION_DEADLINE, caller)
+            .await
+            .expect("the caller returned")
+            .expect("the caller's task");
+        assert_eq!(first, fleet_says(Outcome::Ok));
+        assert_eq!(second, fleet_says(Outcome::Ok));
+    }
+}
+
 /// The node answers the later of two hits in one frame first: its caller returns while
 /// the earlier one still waits, and then the earlier one gets its own answer.
 #[tokio::test]
