@@ -340,6 +340,7 @@ pub async fn start(config: NodeConfig, listeners: Listeners) -> Result<RunningNo
     servers.extend([
         tokio::spawn(policy::run(
             raft.clone(),
+            config.node_id,
             log_bytes,
             snapshot_state,
             SnapshotPolicy {

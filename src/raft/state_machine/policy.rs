@@ -10,6 +10,11 @@
 //!
 //! openraft runs with `SnapshotPolicy::Never`; [`run`] checks [`SnapshotPolicy::due`]
 //! every [`CHECK_EVERY`] and asks openraft for a snapshot with `Trigger::snapshot`.
+//!
+//! The rule is the same on every node, so the nodes of a fleet come due at about the same
+//! index. They take turns ([`turn_delay`]): a node waits its slot times its last build's
+//! duration, so no quorum is building a snapshot at once and the fleet keeps committing at
+//! speed (on hosts that share cores or a disk, the builds no longer meet either).
 
 use std::time::Duration;
 
@@ -18,12 +23,35 @@ use tokio::time::MissedTickBehavior;
 
 use crate::raft::log_store::LogBytes;
 use crate::raft::state_machine::StateMachineStore;
-use crate::raft::Raft;
+use crate::raft::{NodeId, Raft};
 
 /// How often a node checks whether a snapshot is due.
 pub const CHECK_EVERY: Duration = Duration::from_millis(100);
 /// Longest wait for a triggered snapshot to show up in the metrics before checking again.
 const BUILD_WAIT_MAX: Duration = Duration::from_secs(300);
+/// Turns for snapshots: a node's slot is its rank among the members' ids modulo this. With
+/// 3, fewer than a quorum share a slot in a fleet of any size (ceil(n/3) < n/2 + 1).
+const TURN_SLOTS: usize = 3;
+/// The longest a node waits for its turn.
+const TURN_DELAY_MAX: Duration = Duration::from_secs(10);
+
+/// This node's slot: its rank among `members` (every node id of the membership) modulo
+/// [`TURN_SLOTS`].
+fn turn_slot(node_id: NodeId, members: impl IntoIterator<Item = NodeId>) -> usize {
+    members.into_iter().filter(|id| *id < node_id).count() % TURN_SLOTS
+}
+
+/// How long a node in `slot` waits before it asks for a snapshot that is due: the nodes
+/// of the slots before it build theirs meanwhile, each about as long as this node's last
+/// build took (none yet: no wait). At most [`TURN_DELAY_MAX`].
+fn turn_delay(slot: usize, last_build: Option<Duration>) -> Duration {
+    let Some(last_build) = last_build else {
+        return Duration::ZERO;
+    };
+    last_build
+        .saturating_mul(u32::try_from(slot).unwrap_or(u32::MAX))
+        .min(TURN_DELAY_MAX)
+}
 
 /// When a snapshot is due (see the module docs).
 #[derive(Clone, Copy, Debug)]
@@ -61,6 +89,7 @@ impl SnapshotPolicy {
 /// Checks the policy until `stopped` turns true; a node whose Raft has stopped stops here.
 pub async fn run(
     raft: Raft,
+    node_id: NodeId,
     log: LogBytes,
     state: StateMachineStore,
     policy: SnapshotPolicy,
@@ -68,6 +97,7 @@ pub async fn run(
 ) {
     let mut tick = tokio::time::interval(CHECK_EVERY);
     tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    let mut last_build = None;
     loop {
         tokio::select! {
             _ = tick.tick() => {}
@@ -89,13 +119,35 @@ pub async fn run(
         if !policy.due(applied, snapshot_index, snapshot_bytes, log_bytes) {
             continue;
         }
+        let slot = {
+            let metrics = raft.metrics();
+            let metrics = metrics.borrow();
+            let members = metrics
+                .membership_config
+                .membership()
+                .nodes()
+                .map(|(id, _)| *id);
+            turn_slot(node_id, members)
+        };
+        let delay = turn_delay(slot, last_build);
         tracing::debug!(
             ?applied,
             ?snapshot_index,
             snapshot_bytes,
             log_bytes,
+            slot,
+            delay_ms = delay.as_millis(),
             "snapshot due"
         );
+        tokio::select! {
+            () = tokio::time::sleep(delay) => {}
+            _ = stopped.wait_for(|stop| *stop) => return,
+        }
+        // A snapshot installed from the leader meanwhile may have made this one needless.
+        if raft.metrics().borrow().snapshot != snapshot {
+            continue;
+        }
+        let started = tokio::time::Instant::now();
         if let Err(e) = raft.trigger().snapshot().await {
             tracing::warn!(error = %e, "raft stopped; no more snapshots");
             return;
@@ -104,11 +156,10 @@ pub async fn run(
         let wait = raft.wait(Some(BUILD_WAIT_MAX));
         let built = wait.metrics(|m| m.snapshot != snapshot, "snapshot built");
         tokio::select! {
-            result = built => {
-                if let Err(e) = result {
-                    tracing::warn!(error = %e, "no snapshot built after the trigger");
-                }
-            }
+            result = built => match result {
+                Ok(_) => last_build = Some(started.elapsed()),
+                Err(e) => tracing::warn!(error = %e, "no snapshot built after the trigger"),
+            },
             _ = stopped.wait_for(|stop| *stop) => return,
         }
     }
@@ -116,7 +167,9 @@ pub async fn run(
 
 #[cfg(test)]
 mod tests {
-    use super::SnapshotPolicy;
+    use std::time::Duration;
+
+    use super::{turn_delay, turn_slot, SnapshotPolicy, TURN_DELAY_MAX, TURN_SLOTS};
 
     const POLICY: SnapshotPolicy = SnapshotPolicy {
         logs_since_last: 100,
@@ -154,6 +207,32 @@ mod tests {
             ..POLICY
         };
         assert!(entries_only.due(Some(1_100), Some(1_000), u64::MAX, 0));
+    }
+
+    #[test]
+    fn nodes_take_turns_by_rank_among_the_members() {
+        let three = [7, 3, 11];
+        let slots: Vec<usize> = [3, 7, 11].iter().map(|id| turn_slot(*id, three)).collect();
+        assert_eq!(slots, [0, 1, 2]);
+        // Five nodes: no slot holds a quorum (3) of them.
+        let five = [1, 2, 3, 4, 5];
+        let mut per_slot = [0; TURN_SLOTS];
+        for id in five {
+            per_slot[turn_slot(id, five)] += 1;
+        }
+        assert_eq!(per_slot, [2, 2, 1]);
+    }
+
+    #[test]
+    fn a_node_waits_its_slot_times_its_last_build_at_most_the_cap() {
+        let build = Duration::from_millis(300);
+        assert_eq!(turn_delay(0, Some(build)), Duration::ZERO);
+        assert_eq!(turn_delay(2, Some(build)), Duration::from_millis(600));
+        assert_eq!(turn_delay(2, None), Duration::ZERO);
+        assert_eq!(
+            turn_delay(2, Some(Duration::from_secs(3600))),
+            TURN_DELAY_MAX
+        );
     }
 
     #[test]
