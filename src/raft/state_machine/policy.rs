@@ -12,9 +12,9 @@
 //! every [`CHECK_EVERY`] and asks openraft for a snapshot with `Trigger::snapshot`.
 //!
 //! The rule is the same on every node, so the nodes of a fleet come due at about the same
-//! index. They take turns ([`turn_delay`]): a node waits its slot times its last build's
-//! duration, so no quorum is building a snapshot at once and the fleet keeps committing at
-//! speed (on hosts that share cores or a disk, the builds no longer meet either).
+//! index. They take turns: a node waits its slot times its last build's duration, so no
+//! quorum is building a snapshot at once and the fleet keeps committing at speed (on hosts
+//! that share cores or a disk, the builds no longer meet either).
 
 use std::time::Duration;
 
