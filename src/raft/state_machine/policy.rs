@@ -12,9 +12,10 @@
 //! every [`CHECK_EVERY`] and asks openraft for a snapshot with `Trigger::snapshot`.
 //!
 //! The rule is the same on every node, so the nodes of a fleet come due at about the same
-//! index. They take turns: a node waits its slot times its last build's duration, so no
-//! quorum is building a snapshot at once and the fleet keeps committing at speed (on hosts
-//! that share cores or a disk, the builds no longer meet either).
+//! index. They take turns: a node waits its slot times its last build's duration, so the
+//! voters' builds mostly do not meet and a quorum keeps committing at speed (on hosts that
+//! share cores or a disk, the builds compete less with each other too). Mostly: a node
+//! times its turn by its own last build, and another node's build may take longer.
 
 use std::time::Duration;
 
@@ -29,16 +30,30 @@ use crate::raft::{NodeId, Raft};
 pub const CHECK_EVERY: Duration = Duration::from_millis(100);
 /// Longest wait for a triggered snapshot to show up in the metrics before checking again.
 const BUILD_WAIT_MAX: Duration = Duration::from_secs(300);
-/// Turns for snapshots: a node's slot is its rank among the members' ids modulo this. With
-/// 3, fewer than a quorum share a slot in a fleet of any size (ceil(n/3) < n/2 + 1).
+/// Turns for snapshots: a voter's slot is its rank among the voters' ids modulo this. With
+/// 3, fewer than a quorum of voters share a slot in a fleet of two voters or more
+/// (ceil(n/3) < n/2 + 1).
 const TURN_SLOTS: usize = 3;
 /// The longest a node waits for its turn.
 const TURN_DELAY_MAX: Duration = Duration::from_secs(10);
 
-/// This node's slot: its rank among `members` (every node id of the membership) modulo
-/// [`TURN_SLOTS`].
-fn turn_slot(node_id: NodeId, members: impl IntoIterator<Item = NodeId>) -> usize {
-    members.into_iter().filter(|id| *id < node_id).count() % TURN_SLOTS
+/// This node's slot: its rank among the `voters` (their ids) modulo [`TURN_SLOTS`]; a
+/// learner, which no quorum waits for, ranks after them among the `learners`.
+fn turn_slot(
+    node_id: NodeId,
+    voters: impl IntoIterator<Item = NodeId>,
+    learners: impl IntoIterator<Item = NodeId>,
+) -> usize {
+    let mut voters: Vec<NodeId> = voters.into_iter().collect();
+    voters.sort_unstable();
+    let mut learners: Vec<NodeId> = learners.into_iter().collect();
+    learners.sort_unstable();
+    let rank = voters
+        .iter()
+        .chain(&learners)
+        .position(|id| *id == node_id)
+        .unwrap_or(0);
+    rank % TURN_SLOTS
 }
 
 /// How long a node in `slot` waits before it asks for a snapshot that is due: the nodes
@@ -122,12 +137,8 @@ pub async fn run(
         let slot = {
             let metrics = raft.metrics();
             let metrics = metrics.borrow();
-            let members = metrics
-                .membership_config
-                .membership()
-                .nodes()
-                .map(|(id, _)| *id);
-            turn_slot(node_id, members)
+            let membership = metrics.membership_config.membership();
+            turn_slot(node_id, membership.voter_ids(), membership.learner_ids())
         };
         let delay = turn_delay(slot, last_build);
         tracing::debug!(
@@ -210,17 +221,27 @@ mod tests {
     }
 
     #[test]
-    fn nodes_take_turns_by_rank_among_the_members() {
+    fn voters_take_turns_by_rank_and_learners_after_them() {
         let three = [7, 3, 11];
-        let slots: Vec<usize> = [3, 7, 11].iter().map(|id| turn_slot(*id, three)).collect();
+        let slots: Vec<usize> = [3, 7, 11]
+            .iter()
+            .map(|id| turn_slot(*id, three, []))
+            .collect();
         assert_eq!(slots, [0, 1, 2]);
-        // Five nodes: no slot holds a quorum (3) of them.
+        // Five voters: no slot holds a quorum (3) of them.
         let five = [1, 2, 3, 4, 5];
         let mut per_slot = [0; TURN_SLOTS];
         for id in five {
-            per_slot[turn_slot(id, five)] += 1;
+            per_slot[turn_slot(id, five, [])] += 1;
         }
         assert_eq!(per_slot, [2, 2, 1]);
+        // Learners with ids between the voters' leave the voters' slots as they were.
+        let (voters, learners) = ([1, 3, 4], [2, 5]);
+        let slots: Vec<usize> = [1, 3, 4, 2, 5]
+            .iter()
+            .map(|id| turn_slot(*id, voters, learners))
+            .collect();
+        assert_eq!(slots, [0, 1, 2, 0, 1]);
     }
 
     #[test]
