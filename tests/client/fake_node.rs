@@ -246,6 +246,18 @@ async fn answer_of(
         .expect("the call's task")
 }
 
+/// The names of `frame`'s hits, sorted.
+fn names_of(frame: &[fake::Received]) -> Vec<&str> {
+    let mut names: Vec<&str> = frame.iter().map(|hit| hit.name.as_str()).collect();
+    names.sort_unstable();
+    names
+}
+
+/// Every hit of `frame` allowed, as [`fake::BatchStream::answer`] takes it.
+fn all_allowed(frame: &[fake::Received]) -> Vec<(u64, Option<u64>)> {
+    frame.iter().map(|hit| (hit.id, None)).collect()
+}
+
 fn fake_client(addr: String) -> Client {
     Client::connect(Target::Tcp(addr), Options::default()).expect("a client")
 }
@@ -280,11 +292,13 @@ async fn a_lone_hit_leaves_alone_and_hits_of_many_clones_share_the_next_frame() 
     stream.answer(&[(in_flight[0].id, None)]);
     assert_eq!(answer_of(first).await, fleet_says(Outcome::Ok));
     let next = stream.frame().await;
-    let mut names: Vec<&str> = next.iter().map(|hit| hit.name.as_str()).collect();
-    names.sort_unstable();
     let mut expected: Vec<String> = (0..64).map(|i| format!("clone-{i}")).collect();
     expected.sort_unstable();
-    assert_eq!(names, expected, "the frame after the one in flight");
+    assert_eq!(
+        names_of(&next),
+        expected,
+        "the frame after the one in flight"
+    );
 
     // Each hit's own answer: clone i is rate limited for i ms.
     let answers: Vec<(u64, Option<u64>)> = next
@@ -329,12 +343,13 @@ async fn a_caller_that_hits_again_on_its_answer_joins_the_next_frame() {
 
     stream.answer(&[(in_flight[0].id, None)]);
     let next = stream.frame().await;
-    let mut names: Vec<&str> = next.iter().map(|hit| hit.name.as_str()).collect();
-    names.sort_unstable();
-    assert_eq!(names, ["again-2", "waiting"], "the frame after the answer");
+    assert_eq!(
+        names_of(&next),
+        ["again-2", "waiting"],
+        "the frame after the answer"
+    );
 
-    let answers: Vec<(u64, Option<u64>)> = next.iter().map(|hit| (hit.id, None)).collect();
-    stream.answer(&answers);
+    stream.answer(&all_allowed(&next));
     assert_eq!(answer_of(waiting).await, fleet_says(Outcome::Ok));
     let (first, second) = tokio::time::timeout(CONDITION_DEADLINE, again)
         .await
@@ -371,25 +386,19 @@ async fn every_caller_that_hits_again_joins_the_next_frame_on_a_multi_thread_run
     stream.answer(&[(in_flight[0].id, None)]);
     assert_eq!(answer_of(lead).await, fleet_says(Outcome::Ok));
     let gathered = stream.frame().await;
-    let mut names: Vec<&str> = gathered.iter().map(|hit| hit.name.as_str()).collect();
-    names.sort_unstable();
-    assert_eq!(names, ["again-0", "again-1", "again-2"]);
+    assert_eq!(names_of(&gathered), ["again-0", "again-1", "again-2"]);
 
     let waiting = calls.hit(&client, "waiting", FAR_MS);
     calls.wait_for(5).await;
-    let answers: Vec<(u64, Option<u64>)> = gathered.iter().map(|hit| (hit.id, None)).collect();
-    stream.answer(&answers);
+    stream.answer(&all_allowed(&gathered));
     let next = stream.frame().await;
-    let mut names: Vec<&str> = next.iter().map(|hit| hit.name.as_str()).collect();
-    names.sort_unstable();
     assert_eq!(
-        names,
+        names_of(&next),
         ["again-0-2", "again-1-2", "again-2-2", "waiting"],
         "the frame after the answer"
     );
 
-    let answers: Vec<(u64, Option<u64>)> = next.iter().map(|hit| (hit.id, None)).collect();
-    stream.answer(&answers);
+    stream.answer(&all_allowed(&next));
     assert_eq!(answer_of(waiting).await, fleet_says(Outcome::Ok));
     for caller in callers {
         let (first, second) = tokio::time::timeout(CONDITION_DEADLINE, caller)
