@@ -393,11 +393,9 @@ impl OpenStream {
                         let in_flight = !self.frames.is_empty();
                         self.answer(reply);
                         if accepting && in_flight && self.frames.is_empty() {
-                            // The next frame leaves now. Callers this reply answered that
-                            // hit again at once join it: they run first (one turn of the
-                            // runtime, no timer), or they would wait out a whole frame
-                            // more, and closed-loop callers would split into two groups
-                            // taking turns, each frame carrying half of them.
+                            // The next frame leaves now: callers this reply answered that
+                            // hit again at once join it, or closed-loop callers would split
+                            // into two groups taking turns, each frame carrying half.
                             let_woken_tasks_run().await;
                             gather_waiting(gathered, submissions, self.pending.len());
                         }

@@ -44,15 +44,12 @@ fn turn_slot(
     voters: impl IntoIterator<Item = NodeId>,
     learners: impl IntoIterator<Item = NodeId>,
 ) -> usize {
-    let mut voters: Vec<NodeId> = voters.into_iter().collect();
-    voters.sort_unstable();
-    let mut learners: Vec<NodeId> = learners.into_iter().collect();
-    learners.sort_unstable();
-    let rank = voters
-        .iter()
-        .chain(&learners)
-        .position(|id| *id == node_id)
-        .unwrap_or(0);
+    let voters: Vec<NodeId> = voters.into_iter().collect();
+    let rank = if voters.contains(&node_id) {
+        voters.iter().filter(|id| **id < node_id).count()
+    } else {
+        voters.len() + learners.into_iter().filter(|id| *id < node_id).count()
+    };
     rank % TURN_SLOTS
 }
 
