@@ -16,9 +16,17 @@
 //! and forwards carry more commands for less CPU per hit (docs/decisions/006). Followers
 //! wait for a bigger share of their last forward than the leader of its last entry
 //! (`FOLLOWER_LINGER_SHARE`). A lone caller never lingers, and only local callers' lone
-//! commands are lingered for (`Queued::lingers`): an edge's `HitBatch` frame or a
-//! follower's forward is gathered by its sender, which sends the next one only once this
+//! commands are lingered for by count (`Queued::lingers`): an edge's `HitBatch` frame or
+//! a follower's forward is gathered by its sender, which sends the next one only once this
 //! one is answered.
+//!
+//! A leader with one entry in flight waits instead for the *senders* of its last entry
+//! (`returning_senders`, docs/decisions/028): each frame or forward of two or more
+//! commands that the last entry answered is about to be followed by its sender's next, so
+//! the next entry waits (at most `batch_linger_us`) until a unit from each of them is in.
+//! Without that wait the frames and forwards split into two groups that ride alternate
+//! entries, as lone callers do without the linger: a follower's forward comes back two
+//! hops after the leader's own frame, just after the entry holding that frame has left.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -28,7 +36,7 @@ use tokio::time::Instant;
 
 use super::order::SubmitOrder;
 use super::router::Router;
-use crate::raft::{ProposeRefusal, ProposeRequest, ProposeResponse};
+use crate::raft::{NodeId, ProposeRefusal, ProposeRequest, ProposeResponse};
 use crate::state::check::{self, Ceilings};
 use crate::state::{Answer, EncodedCommand, Refusal};
 
@@ -37,22 +45,49 @@ const OVERLOADED_RETRY_AFTER_MS: u64 = 10;
 /// A batch lingers only after one with at least this many commands.
 const LINGER_FROM_COMMANDS: usize = 2;
 
-/// One caller waiting in the queue: a local caller with one command, or a follower's
-/// forwarded batch with many (it stays one unit: one reply, no per-command channel).
+/// Who sent a unit of the queue.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Sender {
+    /// A local caller's lone command (a unary `Hit`, a settle): what a busy batch lingers
+    /// for by count, since its caller sends again as soon as the batch before is answered.
+    Lone,
+    /// An edge's `HitBatch` frame on this node.
+    Frame,
+    /// A follower's forward, by the node its commands speak for (`None`: they name none).
+    Forward(Option<NodeId>),
+}
+
+/// One caller waiting in the queue: a local caller with one command, or a frame or a
+/// follower's forwarded batch with many (it stays one unit: one reply, no per-command
+/// channel).
 pub(super) struct Queued {
     /// Moved out into the batch's shared slice when the batch is sent: the bytes the
     /// caller encoded (or the follower sent), never encoded again.
     pub(super) commands: Vec<EncodedCommand>,
     /// How many commands the unit brought (its share of the batch's answers).
     count: usize,
-    /// What a busy batch lingers for: a local caller's lone command, whose caller sends
-    /// again as soon as the batch before is answered. Not an edge's `HitBatch` frame, nor
-    /// a follower's forward: their senders gather commands themselves and send the next
-    /// unit only once this one is answered (a frame's client, a follower's batcher behind
-    /// its forward slots), so a batch waiting for them stalls until the linger runs out.
-    lingers: bool,
+    /// Frames and forwards are not counted towards a linger's target: their senders
+    /// gather commands themselves and send the next unit only once this one is answered
+    /// (a frame's client, a follower's batcher behind its forward slots), so a batch
+    /// waiting for their commands stalls until the linger runs out. A leader waits for
+    /// their senders instead (`returning_senders`).
+    sender: Sender,
     pub(super) deadline: Instant,
     reply: oneshot::Sender<ProposeResponse>,
+}
+
+impl Queued {
+    /// Whether a busy batch lingers for more commands like this unit's.
+    fn lingers(&self) -> bool {
+        self.sender == Sender::Lone
+    }
+
+    /// Whether this unit's sender sends its next one as soon as this one is answered:
+    /// a frame or a forward of two or more commands, gathered while one was in flight.
+    fn returns(&self) -> bool {
+        self.count >= LINGER_FROM_COMMANDS
+            && matches!(self.sender, Sender::Frame | Sender::Forward(Some(_)))
+    }
 }
 
 /// The limits of the queue and the batches.
@@ -125,10 +160,10 @@ impl Proposer {
         request: ProposeRequest,
         sender: Option<crate::raft::NodeId>,
     ) -> impl std::future::Future<Output = ProposeResponse> + Send + 'static {
-        let (valid, refused) = check_forwarded(request.commands, sender, &self.ceilings);
+        let (valid, refused, named) = check_forwarded(request.commands, sender, &self.ceilings);
         let committed = (!valid.is_empty()).then(|| {
             let deadline = Instant::now() + Duration::from_millis(request.timeout_ms);
-            self.submit(valid, deadline, false)
+            self.submit(valid, deadline, Sender::Forward(sender.or(named)))
         });
         async move {
             let committed = match committed {
@@ -159,7 +194,7 @@ impl Proposer {
         command: EncodedCommand,
         deadline: Instant,
     ) -> Result<Answer, ProposeRefusal> {
-        let mut answers = self.enqueue(vec![command], deadline, true).await?;
+        let mut answers = self.submit(vec![command], deadline, Sender::Lone).await?;
         answers.pop().ok_or_else(|| ProposeRefusal::Fatal {
             reason: "the fleet returned no answer".to_owned(),
         })
@@ -175,16 +210,7 @@ impl Proposer {
         commands: Vec<EncodedCommand>,
         deadline: Instant,
     ) -> ProposeResponse {
-        self.enqueue(commands, deadline, false).await
-    }
-
-    async fn enqueue(
-        &self,
-        commands: Vec<EncodedCommand>,
-        deadline: Instant,
-        lingers: bool,
-    ) -> ProposeResponse {
-        self.submit(commands, deadline, lingers).await
+        self.submit(commands, deadline, Sender::Frame).await
     }
 
     /// Enters `commands` into the queue as one unit now (or finds it full), and returns
@@ -194,12 +220,12 @@ impl Proposer {
         &self,
         commands: Vec<EncodedCommand>,
         deadline: Instant,
-        lingers: bool,
+        sender: Sender,
     ) -> impl std::future::Future<Output = ProposeResponse> + Send + 'static {
         let (reply, answers) = oneshot::channel();
         let queued = Queued {
             count: commands.len(),
-            lingers,
+            sender,
             commands,
             deadline,
             reply,
@@ -268,19 +294,23 @@ fn woke_at_deadline(deadline: Instant) {
 /// sent, in order) and, by position, the refusal of each one that is not: its bytes do not
 /// decode to one command, it names another node than the verified `sender`
 /// (`check::sent_by`), or it fails `check::command`. A command is decoded here only to be
-/// checked; what is proposed is what was received.
+/// checked; what is proposed is what was received. Also gives the node the first valid
+/// command that names one speaks for (`check::named_node`): without a verified sender,
+/// who the batch comes from as far as the leader's wait is concerned.
 fn check_forwarded(
     commands: Vec<EncodedCommand>,
-    sender: Option<crate::raft::NodeId>,
+    sender: Option<NodeId>,
     ceilings: &Ceilings,
-) -> (Vec<EncodedCommand>, Vec<Option<Answer>>) {
+) -> (Vec<EncodedCommand>, Vec<Option<Answer>>, Option<NodeId>) {
     let mut refused: Vec<Option<Answer>> = Vec::with_capacity(commands.len());
     let mut valid = Vec::with_capacity(commands.len());
+    let mut named = None;
     for (i, encoded) in commands.into_iter().enumerate() {
         let checked = match encoded.decode() {
             Ok(command) => sender
                 .map_or(Ok(()), |sender| check::sent_by(&command, sender))
-                .and_then(|()| check::command(&command, ceilings)),
+                .and_then(|()| check::command(&command, ceilings))
+                .inspect(|()| named = named.or_else(|| check::named_node(&command))),
             Err(e) => Err(check::InvalidField {
                 field: String::new(),
                 reason: format!("does not decode to one command: {e}"),
@@ -306,7 +336,7 @@ fn check_forwarded(
             }
         }
     }
-    (valid, refused)
+    (valid, refused, named)
 }
 
 async fn run_batcher(
@@ -321,6 +351,11 @@ async fn run_batcher(
     // Lingering commands (`Queued::lingers`) in the last batch (an entry while leading, a
     // forward while following).
     let mut previous = 0;
+    // The senders the last batch answered that send again at once (`Queued::returns`).
+    let mut returning: Vec<Sender> = Vec::new();
+    // With one entry in flight the last one is answered before the next is made, so its
+    // senders are on their way back; with more they may still be waiting for it.
+    let waits_for_senders = limits.proposals_in_flight_max == 1 && !limits.linger.is_zero();
     // Batches are submitted in the order they are made here (`node::order`).
     let mut turns = SubmitOrder::default();
     loop {
@@ -348,12 +383,20 @@ async fn run_batcher(
                 break;
             }
         }
-        let target = linger_target(previous, batch.lingering, leading, &limits);
-        if carried.is_none() && batch.lingering < target {
-            carried = linger(&mut receiver, &mut batch, target, limits.linger).await;
+        let wait = Wait {
+            lingering: linger_target(previous, batch.lingering, leading, &limits),
+            senders: if leading && waits_for_senders {
+                &returning
+            } else {
+                &[]
+            },
+        };
+        if carried.is_none() && !batch.holds(&wait) {
+            carried = linger(&mut receiver, &mut batch, &wait, limits.linger).await;
         }
         metrics::histogram!("ankusa_batch_commands").record(batch.commands as f64);
         previous = batch.lingering;
+        returning = batch.returning_senders();
         let batch = batch.units;
         let router = router.clone();
         let turn = turns.take();
@@ -364,12 +407,20 @@ async fn run_batcher(
     }
 }
 
-/// Waits at most `linger` for `batch` to hold `target` lingering commands; returns the unit
-/// that did not fit, if one came (it starts the next batch).
+/// What a busy batch waits for before it leaves.
+struct Wait<'a> {
+    /// This many lingering commands (`linger_target`).
+    lingering: usize,
+    /// A unit from each of these senders (`returning_senders` of the last entry).
+    senders: &'a [Sender],
+}
+
+/// Waits at most `linger` for `batch` to hold what `wait` asks; returns the unit that did
+/// not fit, if one came (it starts the next batch).
 async fn linger(
     receiver: &mut mpsc::Receiver<Queued>,
     batch: &mut Batch,
-    target: usize,
+    wait: &Wait<'_>,
     linger: Duration,
 ) -> Option<Queued> {
     let lingered_from = Instant::now();
@@ -378,7 +429,7 @@ async fn linger(
     tokio::pin!(expiry);
     let mut carried = None;
     let mut outcome = "filled";
-    while carried.is_none() && batch.lingering < target {
+    while carried.is_none() && !batch.holds(wait) {
         let queued = tokio::select! {
             queued = receiver.recv() => queued,
             () = &mut expiry => {
@@ -410,7 +461,7 @@ impl Batch {
     fn new(first: Queued, commands_max: usize) -> Self {
         Self {
             commands: first.count,
-            lingering: if first.lingers { first.count } else { 0 },
+            lingering: if first.lingers() { first.count } else { 0 },
             units: vec![first],
             commands_max,
         }
@@ -422,11 +473,32 @@ impl Batch {
             return Err(queued);
         }
         self.commands += queued.count;
-        if queued.lingers {
+        if queued.lingers() {
             self.lingering += queued.count;
         }
         self.units.push(queued);
         Ok(())
+    }
+
+    /// Whether the batch holds what `wait` asks for.
+    fn holds(&self, wait: &Wait<'_>) -> bool {
+        self.lingering >= wait.lingering
+            && wait
+                .senders
+                .iter()
+                .all(|sender| self.units.iter().any(|unit| unit.sender == *sender))
+    }
+
+    /// The senders of this batch's units that send their next one as soon as it is
+    /// answered (`Queued::returns`), each once.
+    fn returning_senders(&self) -> Vec<Sender> {
+        let mut senders: Vec<Sender> = Vec::new();
+        for unit in self.units.iter().filter(|unit| unit.returns()) {
+            if !senders.contains(&unit.sender) {
+                senders.push(unit.sender);
+            }
+        }
+        senders
     }
 }
 

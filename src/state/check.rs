@@ -171,6 +171,18 @@ fn claim(claim: &ClaimRequest, ceilings: &Ceilings) -> Result<(), InvalidField> 
     ttl_ms("claim.pending_ttl_ms", claim.pending_ttl_ms, ceilings)
 }
 
+/// The node a command speaks for: the `node` a hit, a settle, a reconciled commit or an
+/// absorb round names; `None` for the commands that name none.
+pub fn named_node(command: &Command) -> Option<NodeId> {
+    match command {
+        Command::Hit { node, .. }
+        | Command::Settle { node, .. }
+        | Command::ReconcileCommit { node, .. }
+        | Command::AbsorbRound { node, .. } => Some(*node),
+        Command::ProbeCharges { .. } | Command::Absorb { .. } | Command::Reset { .. } => None,
+    }
+}
+
 /// Checks that a command a node forwarded speaks for that node only: the `node` a hit, a
 /// settle, a reconciled commit or an absorb round names (whose node-scope claim, whose
 /// round) must be `sender`'s, or one node could move another's rounds and claims.
@@ -178,14 +190,8 @@ fn claim(claim: &ClaimRequest, ceilings: &Ceilings) -> Result<(), InvalidField> 
 /// # Errors
 /// `node`, when it names another node.
 pub fn sent_by(command: &Command, sender: NodeId) -> Result<(), InvalidField> {
-    let named = match command {
-        Command::Hit { node, .. }
-        | Command::Settle { node, .. }
-        | Command::ReconcileCommit { node, .. }
-        | Command::AbsorbRound { node, .. } => *node,
-        Command::ProbeCharges { .. } | Command::Absorb { .. } | Command::Reset { .. } => {
-            return Ok(())
-        }
+    let Some(named) = named_node(command) else {
+        return Ok(());
     };
     if named == sender {
         return Ok(());

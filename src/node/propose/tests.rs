@@ -23,7 +23,7 @@ fn unit(commands: usize) -> Queued {
     Queued {
         commands: vec![command; commands],
         count: commands,
-        lingers: true,
+        sender: Sender::Lone,
         deadline: Instant::now(),
         reply: oneshot::channel().0,
     }
@@ -56,7 +56,7 @@ async fn a_caller_nobody_answers_is_released_at_its_deadline() {
         ceilings: Ceilings::CONTRACT,
     };
     let far = Instant::now() + Duration::from_secs(60);
-    let _waiting = full.submit(vec![reset("a")], far, true);
+    let _waiting = full.submit(vec![reset("a")], far, Sender::Lone);
     let before = Instant::now();
     let answer = full.propose(reset("b"), far).await;
     assert!(
@@ -99,7 +99,7 @@ fn waiting_unit(tenants: &[&str]) -> (Queued, oneshot::Receiver<ProposeResponse>
     let commands: Vec<EncodedCommand> = tenants.iter().map(|tenant| reset(tenant)).collect();
     let queued = Queued {
         count: commands.len(),
-        lingers: false,
+        sender: Sender::Frame,
         commands,
         deadline: Instant::now(),
         reply,
@@ -142,7 +142,7 @@ fn a_unit_whose_caller_gave_up_leaves_with_exactly_its_commands() {
 #[test]
 fn a_frame_is_not_lingered_for() {
     let frame = Queued {
-        lingers: false,
+        sender: Sender::Frame,
         ..unit(40)
     };
     let mut batch = Batch::new(frame, 100);
@@ -184,7 +184,8 @@ fn a_forwarded_command_is_proposed_as_the_very_bytes_received() {
         EncodedCommand::encode(&settle(3)).expect("encode"),
         reset("t"),
     ];
-    let (valid, refused) = check_forwarded(received.clone(), Some(2), &Ceilings::CONTRACT);
+    let (valid, refused, named) = check_forwarded(received.clone(), Some(2), &Ceilings::CONTRACT);
+    assert_eq!(named, Some(2), "the first valid command that names a node");
     assert_eq!(valid.len(), 2);
     for (kept, sent) in valid.iter().zip([&received[0], &received[3]]) {
         assert_eq!(
@@ -210,4 +211,94 @@ fn a_forwarded_command_is_proposed_as_the_very_bytes_received() {
             None
         ]
     );
+}
+
+fn from(sender: Sender, commands: usize) -> Queued {
+    Queued {
+        sender,
+        ..unit(commands)
+    }
+}
+
+#[test]
+fn the_senders_that_return_are_those_of_frames_and_forwards_of_two_or_more() {
+    let mut batch = Batch::new(from(Sender::Lone, 1), 100);
+    for unit in [
+        from(Sender::Frame, 1),
+        from(Sender::Forward(Some(3)), 1),
+        from(Sender::Forward(None), 5),
+        from(Sender::Forward(Some(2)), 5),
+        from(Sender::Frame, 3),
+        from(Sender::Forward(Some(2)), 4),
+    ] {
+        assert!(batch.admit(unit).is_ok());
+    }
+    assert_eq!(
+        batch.returning_senders(),
+        [Sender::Forward(Some(2)), Sender::Frame],
+        "each once, in the order they came; lone commands, one-command units and forwards \
+         that name no node are not waited for"
+    );
+}
+
+/// The leader's next entry waits until a unit from each sender of the last one is in,
+/// and takes what comes meanwhile; it leaves as soon as the last of them arrives.
+#[tokio::test(start_paused = true)]
+async fn a_batch_waits_for_each_returning_sender_then_leaves() {
+    let (queue, mut receiver) = mpsc::channel(8);
+    let mut batch = Batch::new(from(Sender::Frame, 20), 100);
+    let senders = [
+        Sender::Frame,
+        Sender::Forward(Some(2)),
+        Sender::Forward(Some(3)),
+    ];
+    let wait = Wait {
+        lingering: 0,
+        senders: &senders,
+    };
+    assert!(!batch.holds(&wait));
+    let sending = tokio::spawn(async move {
+        for (after_ms, unit) in [
+            (2, from(Sender::Forward(Some(2)), 20)),
+            (1, from(Sender::Lone, 1)),
+            (1, from(Sender::Forward(Some(3)), 20)),
+            (0, from(Sender::Frame, 5)),
+        ] {
+            tokio::time::sleep(Duration::from_millis(after_ms)).await;
+            queue.send(unit).await.expect("the batcher listens");
+        }
+    });
+    let started = Instant::now();
+    let carried = linger(&mut receiver, &mut batch, &wait, Duration::from_millis(20)).await;
+    let waited = started.elapsed();
+    assert!(carried.is_none());
+    assert!(
+        waited >= Duration::from_millis(4) && waited < Duration::from_millis(20),
+        "left when the last sender's unit came, not at the linger's end: {waited:?}"
+    );
+    assert_eq!((batch.units.len(), batch.commands), (4, 61));
+    assert!(batch.holds(&wait));
+    sending.await.expect("sent");
+    assert_eq!(receiver.try_recv().expect("left for the next").count, 5);
+}
+
+/// A sender that does not come back holds the entry up for the linger and no longer.
+#[tokio::test(start_paused = true)]
+async fn a_sender_that_does_not_return_is_waited_for_at_most_the_linger() {
+    let (_queue, mut receiver) = mpsc::channel(8);
+    let mut batch = Batch::new(from(Sender::Frame, 20), 100);
+    let senders = [Sender::Forward(Some(2))];
+    let wait = Wait {
+        lingering: 0,
+        senders: &senders,
+    };
+    let started = Instant::now();
+    let carried = linger(&mut receiver, &mut batch, &wait, Duration::from_millis(3)).await;
+    let waited = started.elapsed();
+    assert!(carried.is_none());
+    assert!(
+        waited >= Duration::from_millis(3) && waited <= Duration::from_millis(4),
+        "{waited:?}"
+    );
+    assert_eq!(batch.units.len(), 1, "the entry leaves with what it has");
 }
