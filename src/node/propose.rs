@@ -20,13 +20,14 @@
 //! a follower's forward is gathered by its sender, which sends the next one only once this
 //! one is answered.
 //!
-//! A leader with one entry in flight waits instead for the *senders* of its last entry
-//! (`returning_senders`, docs/decisions/028): each frame or forward of two or more
-//! commands that the last entry answered is about to be followed by its sender's next, so
-//! the next entry waits (at most `batch_linger_us`) until a unit from each of them is in.
-//! Without that wait the frames and forwards split into two groups that ride alternate
-//! entries, as lone callers do without the linger: a follower's forward comes back two
-//! hops after the leader's own frame, just after the entry holding that frame has left.
+//! A leader with one entry in flight also waits for the *senders* of its last entry
+//! (`origins`, docs/decisions/028): each frame or forward of two or more commands that
+//! the last entry answered is about to be followed by its sender's next, so the next entry
+//! waits (within the same `batch_linger_us`) until a unit from each of them is in, unless
+//! that sender took longer than the linger to come back last time. Without that wait the
+//! frames and forwards split into two groups that ride alternate entries, as lone callers
+//! do without the linger: a follower's forward comes back two hops after the leader's own
+//! frame, just after the entry holding that frame has left.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -39,21 +40,23 @@ use super::router::Router;
 use crate::raft::{NodeId, ProposeRefusal, ProposeRequest, ProposeResponse};
 use crate::state::check::{self, Ceilings};
 use crate::state::{Answer, EncodedCommand, Refusal};
+use origins::Origins;
 
 /// The retry hint given with an overloaded answer.
 const OVERLOADED_RETRY_AFTER_MS: u64 = 10;
 /// A batch lingers only after one with at least this many commands.
 const LINGER_FROM_COMMANDS: usize = 2;
 
-/// Who sent a unit of the queue.
+/// Where a unit of the queue comes from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum Sender {
+pub(super) enum Origin {
     /// A local caller's lone command (a unary `Hit`, a settle): what a busy batch lingers
     /// for by count, since its caller sends again as soon as the batch before is answered.
     Lone,
     /// An edge's `HitBatch` frame on this node.
     Frame,
-    /// A follower's forward, by the node its commands speak for (`None`: they name none).
+    /// A follower's forward, by the verified peer, else the node the first valid command
+    /// names (`check_forwarded`; `None`: neither).
     Forward(Option<NodeId>),
 }
 
@@ -66,27 +69,31 @@ pub(super) struct Queued {
     pub(super) commands: Vec<EncodedCommand>,
     /// How many commands the unit brought (its share of the batch's answers).
     count: usize,
-    /// Frames and forwards are not counted towards a linger's target: their senders
-    /// gather commands themselves and send the next unit only once this one is answered
-    /// (a frame's client, a follower's batcher behind its forward slots), so a batch
-    /// waiting for their commands stalls until the linger runs out. A leader waits for
-    /// their senders instead (`returning_senders`).
-    sender: Sender,
+    /// Who sent the unit.
+    origin: Origin,
+    /// When it entered the queue: how soon its sender came back (`origins`).
+    arrived: Instant,
     pub(super) deadline: Instant,
     reply: oneshot::Sender<ProposeResponse>,
 }
 
 impl Queued {
-    /// Whether a busy batch lingers for more commands like this unit's.
+    /// Whether a busy batch lingers for more commands like this unit's: a local lone
+    /// command, whose caller sends again as soon as the batch before is answered. Frames
+    /// and forwards are not counted towards a linger's target: their senders gather
+    /// commands themselves and send the next unit only once this one is answered (a
+    /// frame's client, a follower's batcher behind its forward slots), so a batch waiting
+    /// for their commands would stall until the linger ran out. A leader waits for their
+    /// senders instead ([`Queued::returns`]).
     fn lingers(&self) -> bool {
-        self.sender == Sender::Lone
+        self.origin == Origin::Lone
     }
 
     /// Whether this unit's sender sends its next one as soon as this one is answered:
     /// a frame or a forward of two or more commands, gathered while one was in flight.
     fn returns(&self) -> bool {
         self.count >= LINGER_FROM_COMMANDS
-            && matches!(self.sender, Sender::Frame | Sender::Forward(Some(_)))
+            && matches!(self.origin, Origin::Frame | Origin::Forward(Some(_)))
     }
 }
 
@@ -99,8 +106,8 @@ pub struct BatchLimits {
     pub proposals_in_flight_max: usize,
     /// Batches this node forwards to the leader at once while it follows.
     pub forwards_in_flight_max: usize,
-    /// The longest a busy batch waits for more commands (`linger_target`); zero:
-    /// never. The runtime's timer ticks in milliseconds, so a wait that runs out takes up
+    /// The longest a busy batch waits for more commands (`linger_target`) and a leader's
+    /// entry for its senders (`origins`); zero: never. The runtime's timer ticks in milliseconds, so a wait that runs out takes up
     /// to a millisecond longer.
     pub linger: Duration,
 }
@@ -158,12 +165,12 @@ impl Proposer {
     pub fn propose_forwarded(
         &self,
         request: ProposeRequest,
-        sender: Option<crate::raft::NodeId>,
+        sender: Option<NodeId>,
     ) -> impl std::future::Future<Output = ProposeResponse> + Send + 'static {
         let (valid, refused, named) = check_forwarded(request.commands, sender, &self.ceilings);
         let committed = (!valid.is_empty()).then(|| {
             let deadline = Instant::now() + Duration::from_millis(request.timeout_ms);
-            self.submit(valid, deadline, Sender::Forward(sender.or(named)))
+            self.submit(valid, deadline, Origin::Forward(sender.or(named)))
         });
         async move {
             let committed = match committed {
@@ -194,7 +201,7 @@ impl Proposer {
         command: EncodedCommand,
         deadline: Instant,
     ) -> Result<Answer, ProposeRefusal> {
-        let mut answers = self.submit(vec![command], deadline, Sender::Lone).await?;
+        let mut answers = self.submit(vec![command], deadline, Origin::Lone).await?;
         answers.pop().ok_or_else(|| ProposeRefusal::Fatal {
             reason: "the fleet returned no answer".to_owned(),
         })
@@ -210,7 +217,7 @@ impl Proposer {
         commands: Vec<EncodedCommand>,
         deadline: Instant,
     ) -> ProposeResponse {
-        self.submit(commands, deadline, Sender::Frame).await
+        self.submit(commands, deadline, Origin::Frame).await
     }
 
     /// Enters `commands` into the queue as one unit now (or finds it full), and returns
@@ -220,12 +227,13 @@ impl Proposer {
         &self,
         commands: Vec<EncodedCommand>,
         deadline: Instant,
-        sender: Sender,
+        origin: Origin,
     ) -> impl std::future::Future<Output = ProposeResponse> + Send + 'static {
         let (reply, answers) = oneshot::channel();
         let queued = Queued {
             count: commands.len(),
-            sender,
+            origin,
+            arrived: Instant::now(),
             commands,
             deadline,
             reply,
@@ -351,8 +359,8 @@ async fn run_batcher(
     // Lingering commands (`Queued::lingers`) in the last batch (an entry while leading, a
     // forward while following).
     let mut previous = 0;
-    // The senders the last batch answered that send again at once (`Queued::returns`).
-    let mut returning: Vec<Sender> = Vec::new();
+    // The senders of frames and forwards a leader's entries answered (decision 028).
+    let mut origins = Origins::default();
     // With one entry in flight the last one is answered before the next is made, so its
     // senders are on their way back; with more they may still be waiting for it.
     let waits_for_senders = limits.proposals_in_flight_max == 1 && !limits.linger.is_zero();
@@ -376,6 +384,13 @@ async fn run_batcher(
         let Ok(slot) = slots.clone().acquire_owned().await else {
             return;
         };
+        // The last batch was answered (about) now.
+        origins.answered(Instant::now());
+        let awaited = if leading && waits_for_senders {
+            origins.awaited()
+        } else {
+            Vec::new()
+        };
         let mut batch = Batch::new(first, limits.batch_commands_max);
         while let Ok(queued) = receiver.try_recv() {
             if let Err(queued) = batch.admit(queued) {
@@ -385,18 +400,14 @@ async fn run_batcher(
         }
         let wait = Wait {
             lingering: linger_target(previous, batch.lingering, leading, &limits),
-            senders: if leading && waits_for_senders {
-                &returning
-            } else {
-                &[]
-            },
+            origins: &awaited,
         };
         if carried.is_none() && !batch.holds(&wait) {
             carried = linger(&mut receiver, &mut batch, &wait, limits.linger).await;
         }
         metrics::histogram!("ankusa_batch_commands").record(batch.commands as f64);
         previous = batch.lingering;
-        returning = batch.returning_senders();
+        origins.made(&batch.units, limits.linger);
         let batch = batch.units;
         let router = router.clone();
         let turn = turns.take();
@@ -411,8 +422,8 @@ async fn run_batcher(
 struct Wait<'a> {
     /// This many lingering commands (`linger_target`).
     lingering: usize,
-    /// A unit from each of these senders (`returning_senders` of the last entry).
-    senders: &'a [Sender],
+    /// A unit from each of these origins (`Origins::awaited`).
+    origins: &'a [Origin],
 }
 
 /// Waits at most `linger` for `batch` to hold what `wait` asks; returns the unit that did
@@ -484,21 +495,9 @@ impl Batch {
     fn holds(&self, wait: &Wait<'_>) -> bool {
         self.lingering >= wait.lingering
             && wait
-                .senders
+                .origins
                 .iter()
-                .all(|sender| self.units.iter().any(|unit| unit.sender == *sender))
-    }
-
-    /// The senders of this batch's units that send their next one as soon as it is
-    /// answered (`Queued::returns`), each once.
-    fn returning_senders(&self) -> Vec<Sender> {
-        let mut senders: Vec<Sender> = Vec::new();
-        for unit in self.units.iter().filter(|unit| unit.returns()) {
-            if !senders.contains(&unit.sender) {
-                senders.push(unit.sender);
-            }
-        }
-        senders
+                .all(|origin| self.units.iter().any(|unit| unit.origin == *origin))
     }
 }
 
@@ -561,12 +560,13 @@ impl crate::raft::service::ProposalSink for Proposer {
     fn propose(
         &self,
         request: ProposeRequest,
-        sender: Option<crate::raft::NodeId>,
+        sender: Option<NodeId>,
     ) -> std::pin::Pin<Box<dyn std::future::Future<Output = ProposeResponse> + Send + 'static>>
     {
         Box::pin(self.propose_forwarded(request, sender))
     }
 }
 
+mod origins;
 #[cfg(test)]
 mod tests;

@@ -23,7 +23,8 @@ fn unit(commands: usize) -> Queued {
     Queued {
         commands: vec![command; commands],
         count: commands,
-        sender: Sender::Lone,
+        origin: Origin::Lone,
+        arrived: Instant::now(),
         deadline: Instant::now(),
         reply: oneshot::channel().0,
     }
@@ -56,7 +57,7 @@ async fn a_caller_nobody_answers_is_released_at_its_deadline() {
         ceilings: Ceilings::CONTRACT,
     };
     let far = Instant::now() + Duration::from_secs(60);
-    let _waiting = full.submit(vec![reset("a")], far, Sender::Lone);
+    let _waiting = full.submit(vec![reset("a")], far, Origin::Lone);
     let before = Instant::now();
     let answer = full.propose(reset("b"), far).await;
     assert!(
@@ -99,7 +100,8 @@ fn waiting_unit(tenants: &[&str]) -> (Queued, oneshot::Receiver<ProposeResponse>
     let commands: Vec<EncodedCommand> = tenants.iter().map(|tenant| reset(tenant)).collect();
     let queued = Queued {
         count: commands.len(),
-        sender: Sender::Frame,
+        origin: Origin::Frame,
+        arrived: Instant::now(),
         commands,
         deadline: Instant::now(),
         reply,
@@ -142,7 +144,7 @@ fn a_unit_whose_caller_gave_up_leaves_with_exactly_its_commands() {
 #[test]
 fn a_frame_is_not_lingered_for() {
     let frame = Queued {
-        sender: Sender::Frame,
+        origin: Origin::Frame,
         ..unit(40)
     };
     let mut batch = Batch::new(frame, 100);
@@ -150,7 +152,7 @@ fn a_frame_is_not_lingered_for() {
     assert_eq!(
         linger_target(batch.lingering, batch.lingering, true, &limits(1_000)),
         0,
-        "after a batch of frames, the next does not wait"
+        "no count to wait for after a batch of frames"
     );
     assert!(batch.admit(unit(3)).is_ok());
     assert_eq!((batch.commands, batch.lingering), (43, 3));
@@ -213,56 +215,132 @@ fn a_forwarded_command_is_proposed_as_the_very_bytes_received() {
     );
 }
 
-fn from(sender: Sender, commands: usize) -> Queued {
+fn from(origin: Origin, commands: usize) -> Queued {
     Queued {
-        sender,
+        origin,
         ..unit(commands)
     }
 }
 
-#[test]
-fn the_senders_that_return_are_those_of_frames_and_forwards_of_two_or_more() {
-    let mut batch = Batch::new(from(Sender::Lone, 1), 100);
-    for unit in [
-        from(Sender::Frame, 1),
-        from(Sender::Forward(Some(3)), 1),
-        from(Sender::Forward(None), 5),
-        from(Sender::Forward(Some(2)), 5),
-        from(Sender::Frame, 3),
-        from(Sender::Forward(Some(2)), 4),
-    ] {
-        assert!(batch.admit(unit).is_ok());
+/// `from`, arrived at `arrived`.
+fn from_at(origin: Origin, commands: usize, arrived: Instant) -> Queued {
+    Queued {
+        arrived,
+        ..from(origin, commands)
     }
+}
+
+const LINGER: Duration = Duration::from_millis(1);
+
+#[test]
+fn the_senders_waited_for_are_those_of_frames_and_forwards_of_two_or_more_just_answered() {
+    let at = Instant::now();
+    let mut origins = Origins::default();
+    origins.made(
+        &[
+            from_at(Origin::Lone, 1, at),
+            from_at(Origin::Frame, 1, at),
+            from_at(Origin::Forward(Some(3)), 1, at),
+            from_at(Origin::Forward(None), 5, at),
+            from_at(Origin::Forward(Some(2)), 5, at),
+            from_at(Origin::Frame, 3, at),
+            from_at(Origin::Forward(Some(2)), 4, at),
+        ],
+        LINGER,
+    );
+    assert!(origins.awaited().is_empty(), "nothing answered yet");
+    origins.answered(at + Duration::from_millis(1));
     assert_eq!(
-        batch.returning_senders(),
-        [Sender::Forward(Some(2)), Sender::Frame],
-        "each once, in the order they came; lone commands, one-command units and forwards \
-         that name no node are not waited for"
+        origins.awaited(),
+        [Origin::Forward(Some(2)), Origin::Frame],
+        "each once; lone commands, one-command units and forwards that name no node are \
+         not waited for"
+    );
+    origins.made(
+        &[from_at(Origin::Frame, 3, at + Duration::from_millis(2))],
+        LINGER,
+    );
+    origins.answered(at + Duration::from_millis(3));
+    assert_eq!(
+        origins.awaited(),
+        [Origin::Frame],
+        "only the senders of the entry answered last"
     );
 }
 
-/// The leader's next entry waits until a unit from each sender of the last one is in,
-/// and takes what comes meanwhile; it leaves as soon as the last of them arrives.
+/// A sender that takes longer than the linger to come back is not waited for, so a slow
+/// follower does not cost every other entry the linger; once it comes back in time, it is
+/// waited for again.
+#[test]
+fn a_sender_slower_than_the_linger_is_not_waited_for_until_it_is_prompt_again() {
+    let slow = Origin::Forward(Some(2));
+    let t0 = Instant::now();
+    let ms = |n| t0 + Duration::from_millis(n);
+    let mut origins = Origins::default();
+    origins.made(
+        &[from_at(slow, 20, t0), from_at(Origin::Frame, 20, t0)],
+        LINGER,
+    );
+    origins.answered(ms(1));
+    assert_eq!(origins.awaited(), [slow, Origin::Frame]);
+    // The next entry waited for it in vain and left with the frame alone.
+    origins.made(&[from_at(Origin::Frame, 20, ms(1))], LINGER);
+    origins.answered(ms(3));
+    assert_eq!(origins.awaited(), [Origin::Frame]);
+    // It came 3 ms after its answer.
+    origins.made(
+        &[from_at(slow, 20, ms(4)), from_at(Origin::Frame, 20, ms(3))],
+        LINGER,
+    );
+    origins.answered(ms(5));
+    assert_eq!(origins.awaited(), [Origin::Frame], "late last time");
+    origins.made(&[from_at(Origin::Frame, 20, ms(5))], LINGER);
+    origins.answered(ms(6));
+    // Back within the linger of its answer (at 5 ms): prompt again.
+    origins.made(
+        &[from_at(slow, 20, ms(6)), from_at(Origin::Frame, 20, ms(6))],
+        LINGER,
+    );
+    origins.answered(ms(7));
+    assert_eq!(origins.awaited(), [slow, Origin::Frame]);
+}
+
+#[test]
+fn senders_remembered_are_bounded() {
+    let at = Instant::now();
+    let mut origins = Origins::default();
+    for node in 1..=100 {
+        let ms = Duration::from_millis(node);
+        origins.made(&[from_at(Origin::Forward(Some(node)), 2, at + ms)], LINGER);
+        origins.answered(at + ms);
+    }
+    assert_eq!(origins.awaited(), [Origin::Forward(Some(100))]);
+    assert!(origins.len() <= 32, "{}", origins.len());
+}
+
+/// The leader's next entry waits until a unit from each awaited sender is in, and takes
+/// what comes meanwhile; it leaves as soon as the last of them arrives.
 #[tokio::test(start_paused = true)]
-async fn a_batch_waits_for_each_returning_sender_then_leaves() {
+async fn a_batch_waits_for_each_awaited_sender_then_leaves() {
     let (queue, mut receiver) = mpsc::channel(8);
-    let mut batch = Batch::new(from(Sender::Frame, 20), 100);
-    let senders = [
-        Sender::Frame,
-        Sender::Forward(Some(2)),
-        Sender::Forward(Some(3)),
+    let mut batch = Batch::new(from(Origin::Lone, 1), 100);
+    let origins = [
+        Origin::Frame,
+        Origin::Forward(Some(2)),
+        Origin::Forward(Some(3)),
     ];
     let wait = Wait {
         lingering: 0,
-        senders: &senders,
+        origins: &origins,
     };
     assert!(!batch.holds(&wait));
     let sending = tokio::spawn(async move {
         for (after_ms, unit) in [
-            (2, from(Sender::Forward(Some(2)), 20)),
-            (1, from(Sender::Lone, 1)),
-            (1, from(Sender::Forward(Some(3)), 20)),
-            (0, from(Sender::Frame, 5)),
+            (2, from(Origin::Forward(Some(2)), 20)),
+            (1, from(Origin::Frame, 5)),
+            (1, from(Origin::Lone, 1)),
+            (1, from(Origin::Forward(Some(3)), 20)),
+            (0, from(Origin::Frame, 7)),
         ] {
             tokio::time::sleep(Duration::from_millis(after_ms)).await;
             queue.send(unit).await.expect("the batcher listens");
@@ -273,24 +351,45 @@ async fn a_batch_waits_for_each_returning_sender_then_leaves() {
     let waited = started.elapsed();
     assert!(carried.is_none());
     assert!(
-        waited >= Duration::from_millis(4) && waited < Duration::from_millis(20),
+        waited >= Duration::from_millis(5) && waited < Duration::from_millis(20),
         "left when the last sender's unit came, not at the linger's end: {waited:?}"
     );
-    assert_eq!((batch.units.len(), batch.commands), (4, 61));
+    assert_eq!((batch.units.len(), batch.commands), (5, 47));
     assert!(batch.holds(&wait));
     sending.await.expect("sent");
-    assert_eq!(receiver.try_recv().expect("left for the next").count, 5);
+    assert_eq!(receiver.try_recv().expect("left for the next").count, 7);
+}
+
+/// A count to linger for and senders to wait for must both be met.
+#[test]
+fn a_batch_holds_a_wait_only_with_both_its_count_and_its_senders() {
+    let origins = [Origin::Forward(Some(2))];
+    let wait = Wait {
+        lingering: 3,
+        origins: &origins,
+    };
+    let mut batch = Batch::new(from(Origin::Lone, 1), 100);
+    assert!(batch.admit(from(Origin::Forward(Some(2)), 10)).is_ok());
+    assert!(!batch.holds(&wait), "one lingering command of three");
+    assert!(batch.admit(from(Origin::Lone, 1)).is_ok());
+    assert!(batch.admit(from(Origin::Lone, 1)).is_ok());
+    assert!(batch.holds(&wait));
+    let mut without = Batch::new(from(Origin::Lone, 1), 100);
+    for _ in 0..4 {
+        assert!(without.admit(from(Origin::Lone, 1)).is_ok());
+    }
+    assert!(!without.holds(&wait), "the count without the sender");
 }
 
 /// A sender that does not come back holds the entry up for the linger and no longer.
 #[tokio::test(start_paused = true)]
 async fn a_sender_that_does_not_return_is_waited_for_at_most_the_linger() {
     let (_queue, mut receiver) = mpsc::channel(8);
-    let mut batch = Batch::new(from(Sender::Frame, 20), 100);
-    let senders = [Sender::Forward(Some(2))];
+    let mut batch = Batch::new(from(Origin::Frame, 20), 100);
+    let origins = [Origin::Forward(Some(2))];
     let wait = Wait {
         lingering: 0,
-        senders: &senders,
+        origins: &origins,
     };
     let started = Instant::now();
     let carried = linger(&mut receiver, &mut batch, &wait, Duration::from_millis(3)).await;
@@ -301,4 +400,31 @@ async fn a_sender_that_does_not_return_is_waited_for_at_most_the_linger() {
         "{waited:?}"
     );
     assert_eq!(batch.units.len(), 1, "the entry leaves with what it has");
+}
+
+/// Without a verified sender, a forward is the node its first valid naming command
+/// names: not one that failed its checks.
+#[test]
+fn a_forward_without_a_verified_peer_is_the_node_its_first_valid_command_names() {
+    let settle = |node, ttl_ms| Command::Settle {
+        key: crate::state::ClaimKey {
+            tenant: "acme".into(),
+            source_id: "stripe".into(),
+            key: "evt_1".into(),
+        },
+        hook_id: HookId::from("hook-1"),
+        outcome: SettleOutcome::Commit,
+        ttl_ms,
+        node,
+    };
+    let too_long = Ceilings::CONTRACT.ttl_ms_max + 1;
+    let received = vec![
+        reset("t"),
+        EncodedCommand::encode(&settle(3, too_long)).expect("encode"),
+        EncodedCommand::encode(&settle(2, 1_000)).expect("encode"),
+    ];
+    let (valid, refused, named) = check_forwarded(received, None, &Ceilings::CONTRACT);
+    assert_eq!(valid.len(), 2);
+    assert!(refused[1].is_some(), "the ttl over the ceiling is refused");
+    assert_eq!(named, Some(2));
 }

@@ -1,0 +1,114 @@
+//! Which senders a leader's next entry waits for (docs/decisions/028).
+//!
+//! A frame or forward of two or more commands *returns* ([`Queued::returns`]): its sender
+//! gathered while it was in flight and sends its next one as soon as it is answered. The
+//! entry after it waits for each such sender that came back within the linger last time.
+//! One that took longer (a follower across a slow link, an edge whose load stopped) is not
+//! waited for until it comes back in time again: waiting for it would cost every other
+//! entry the whole linger and gain nothing.
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::{Origin, Queued};
+
+/// The most senders remembered: a fleet's voters and learners and the local edge, with
+/// room to spare. Past it the one answered longest ago is forgotten.
+const ORIGINS_KEPT: usize = 32;
+
+/// The senders of the frames and forwards a leader's entries answered.
+#[derive(Debug, Default)]
+pub(super) struct Origins {
+    known: Vec<Known>,
+}
+
+#[derive(Debug)]
+struct Known {
+    origin: Origin,
+    /// Its unit is in the last entry made, not yet answered.
+    in_flight: bool,
+    /// The last entry answered held its unit.
+    just_answered: bool,
+    /// When the entry that held its last unit was answered: when the next batch got its
+    /// slot, which with one entry in flight is at once if a unit was waiting, else when
+    /// the next one came (so the time it took to come back is never overstated).
+    answered: Option<Instant>,
+    /// Whether its last unit came within the linger of the answer before it.
+    prompt: bool,
+}
+
+impl Origins {
+    /// The last entry made was answered at `now`.
+    pub(super) fn answered(&mut self, now: Instant) {
+        for known in &mut self.known {
+            known.just_answered = known.in_flight;
+            if known.in_flight {
+                known.answered = Some(now);
+                known.in_flight = false;
+            }
+        }
+    }
+
+    /// The senders to wait for: those whose units the last entry answered, and that came
+    /// back within the linger last time.
+    pub(super) fn awaited(&self) -> Vec<Origin> {
+        self.known
+            .iter()
+            .filter(|known| known.just_answered && known.prompt)
+            .map(|known| known.origin)
+            .collect()
+    }
+
+    /// Records an entry just made of `units`: each returning sender in it, and whether it
+    /// came back within `linger` of its last unit's answer.
+    pub(super) fn made(&mut self, units: &[Queued], linger: Duration) {
+        for unit in units.iter().filter(|unit| unit.returns()) {
+            let index = match self
+                .known
+                .iter()
+                .position(|known| known.origin == unit.origin)
+            {
+                Some(index) => index,
+                None => self.remember(unit.origin),
+            };
+            let known = &mut self.known[index];
+            if known.in_flight {
+                // A second unit of the same sender in one entry.
+                continue;
+            }
+            known.prompt = known
+                .answered
+                .is_none_or(|answered| unit.arrived.saturating_duration_since(answered) <= linger);
+            known.in_flight = true;
+        }
+    }
+
+    /// How many senders are remembered.
+    #[cfg(test)]
+    pub(super) fn len(&self) -> usize {
+        self.known.len()
+    }
+
+    /// Adds `origin`, first forgetting the sender answered longest ago when full (never
+    /// one of the entry being recorded); its index.
+    fn remember(&mut self, origin: Origin) -> usize {
+        while self.known.len() >= ORIGINS_KEPT {
+            let oldest = (0..self.known.len())
+                .filter(|&i| !self.known[i].in_flight)
+                .min_by_key(|&i| self.known[i].answered);
+            let Some(oldest) = oldest else {
+                break;
+            };
+            self.known.swap_remove(oldest);
+        }
+        self.known.push(Known {
+            origin,
+            in_flight: false,
+            just_answered: false,
+            answered: None,
+            prompt: true,
+        });
+        self.known.len() - 1
+    }
+}
