@@ -167,9 +167,9 @@ fn a_batch_never_takes_more_commands_than_its_limit() {
     assert_eq!((batch.units.len(), batch.commands), (2, 100));
 }
 
-#[test]
-fn a_forwarded_command_is_proposed_as_the_very_bytes_received() {
-    let settle = |node| Command::Settle {
+/// A settle of one claim, naming `node`.
+fn settle(node: NodeId, ttl_ms: u64) -> Command {
+    Command::Settle {
         key: crate::state::ClaimKey {
             tenant: "acme".into(),
             source_id: "stripe".into(),
@@ -177,13 +177,17 @@ fn a_forwarded_command_is_proposed_as_the_very_bytes_received() {
         },
         hook_id: HookId::from("hook-1"),
         outcome: SettleOutcome::Commit,
-        ttl_ms: 1_000,
+        ttl_ms,
         node,
-    };
+    }
+}
+
+#[test]
+fn a_forwarded_command_is_proposed_as_the_very_bytes_received() {
     let received = vec![
-        EncodedCommand::encode(&settle(2)).expect("encode"),
+        EncodedCommand::encode(&settle(2, 1_000)).expect("encode"),
         EncodedCommand::from_bytes(bytes::Bytes::from_static(&[0x7f, 0x7f])),
-        EncodedCommand::encode(&settle(3)).expect("encode"),
+        EncodedCommand::encode(&settle(3, 1_000)).expect("encode"),
         reset("t"),
     ];
     let (valid, refused, named) = check_forwarded(received.clone(), Some(2), &Ceilings::CONTRACT);
@@ -406,17 +410,6 @@ async fn a_sender_that_does_not_return_is_waited_for_at_most_the_linger() {
 /// names: not one that failed its checks.
 #[test]
 fn a_forward_without_a_verified_peer_is_the_node_its_first_valid_command_names() {
-    let settle = |node, ttl_ms| Command::Settle {
-        key: crate::state::ClaimKey {
-            tenant: "acme".into(),
-            source_id: "stripe".into(),
-            key: "evt_1".into(),
-        },
-        hook_id: HookId::from("hook-1"),
-        outcome: SettleOutcome::Commit,
-        ttl_ms,
-        node,
-    };
     let too_long = Ceilings::CONTRACT.ttl_ms_max + 1;
     let received = vec![
         reset("t"),
