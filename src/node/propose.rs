@@ -29,7 +29,7 @@
 //! do without the linger: a follower's forward comes back two hops after the leader's own
 //! frame, just after the entry holding that frame has left.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::sync::{mpsc, oneshot, Semaphore};
@@ -37,6 +37,7 @@ use tokio::time::Instant;
 
 use super::order::SubmitOrder;
 use super::router::Router;
+use crate::lock::lock;
 use crate::raft::{NodeId, ProposeRefusal, ProposeRequest, ProposeResponse};
 use crate::state::check::{self, Ceilings};
 use crate::state::{Answer, EncodedCommand, Refusal};
@@ -107,8 +108,8 @@ pub struct BatchLimits {
     /// Batches this node forwards to the leader at once while it follows.
     pub forwards_in_flight_max: usize,
     /// The longest a busy batch waits for more commands (`linger_target`) and a leader's
-    /// entry for its senders (`origins`); zero: never. The runtime's timer ticks in milliseconds, so a wait that runs out takes up
-    /// to a millisecond longer.
+    /// entry for its senders (`origins`); zero: never. The runtime's timer ticks in
+    /// milliseconds, so a wait that runs out takes up to a millisecond longer.
     pub linger: Duration,
 }
 
@@ -359,11 +360,15 @@ async fn run_batcher(
     // Lingering commands (`Queued::lingers`) in the last batch (an entry while leading, a
     // forward while following).
     let mut previous = 0;
-    // The senders of frames and forwards a leader's entries answered (decision 028).
+    // The senders of frames and forwards a leader's entries answered (decision 028), kept
+    // while this node leads and waits for them, and when the last entry was answered (its
+    // task sets it before it frees the slot).
     let mut origins = Origins::default();
+    let answered_at: Arc<Mutex<Option<Instant>>> = Arc::default();
     // With one entry in flight the last one is answered before the next is made, so its
     // senders are on their way back; with more they may still be waiting for it.
     let waits_for_senders = limits.proposals_in_flight_max == 1 && !limits.linger.is_zero();
+    let mut waited_for_senders = false;
     // Batches are submitted in the order they are made here (`node::order`).
     let mut turns = SubmitOrder::default();
     loop {
@@ -384,9 +389,16 @@ async fn run_batcher(
         let Ok(slot) = slots.clone().acquire_owned().await else {
             return;
         };
-        // The last batch was answered (about) now.
-        origins.answered(Instant::now());
-        let awaited = if leading && waits_for_senders {
+        let waits = leading && waits_for_senders;
+        if waits != waited_for_senders {
+            // A change of role: what was known is of batches this node made in the other.
+            origins = Origins::default();
+            waited_for_senders = waits;
+        }
+        let awaited = if waits {
+            if let Some(at) = lock(&answered_at).take() {
+                origins.answered(at);
+            }
             origins.awaited()
         } else {
             Vec::new()
@@ -407,12 +419,18 @@ async fn run_batcher(
         }
         metrics::histogram!("ankusa_batch_commands").record(batch.commands as f64);
         previous = batch.lingering;
-        origins.made(&batch.units, limits.linger);
+        let answered = waits.then(|| {
+            origins.made(&batch.units, limits.linger);
+            Arc::clone(&answered_at)
+        });
         let batch = batch.units;
         let router = router.clone();
         let turn = turns.take();
         tokio::spawn(async move {
             router.commit_batch(batch, turn).await;
+            if let Some(answered) = answered {
+                *lock(&answered) = Some(Instant::now());
+            }
             drop(slot);
         });
     }

@@ -30,11 +30,10 @@ struct Known {
     in_flight: bool,
     /// The last entry answered held its unit.
     just_answered: bool,
-    /// When the entry that held its last unit was answered: when the next batch got its
-    /// slot, which with one entry in flight is at once if a unit was waiting, else when
-    /// the next one came (so the time it took to come back is never overstated).
+    /// When the entry that held its last unit was answered (its task's time, set before
+    /// it freed the slot).
     answered: Option<Instant>,
-    /// Whether its last unit came within the linger of the answer before it.
+    /// Whether its last unit sent after an answer came within the linger of it.
     prompt: bool,
 }
 
@@ -77,9 +76,13 @@ impl Origins {
                 // A second unit of the same sender in one entry.
                 continue;
             }
-            known.prompt = known
-                .answered
-                .is_none_or(|answered| unit.arrived.saturating_duration_since(answered) <= linger);
+            match known.answered {
+                None => known.prompt = true,
+                // Sent before that answer (a follower with a second forward in flight):
+                // it says nothing of how soon the sender comes back.
+                Some(answered) if unit.arrived < answered => {}
+                Some(answered) => known.prompt = unit.arrived - answered <= linger,
+            }
             known.in_flight = true;
         }
     }
@@ -88,6 +91,12 @@ impl Origins {
     #[cfg(test)]
     pub(super) fn len(&self) -> usize {
         self.known.len()
+    }
+
+    /// Whether `origin` is remembered.
+    #[cfg(test)]
+    pub(super) fn knows(&self, origin: Origin) -> bool {
+        self.known.iter().any(|known| known.origin == origin)
     }
 
     /// Adds `origin`, first forgetting the sender answered longest ago when full (never

@@ -309,17 +309,94 @@ fn a_sender_slower_than_the_linger_is_not_waited_for_until_it_is_prompt_again() 
     assert_eq!(origins.awaited(), [slow, Origin::Frame]);
 }
 
+/// A follower with a second forward in flight sends it before the first is answered: that
+/// unit says nothing of how soon it comes back, so a slow follower is still found slow
+/// from the units it sends after an answer.
 #[test]
-fn senders_remembered_are_bounded() {
-    let at = Instant::now();
+fn a_unit_sent_before_its_senders_last_answer_does_not_make_it_prompt() {
+    let slow = Origin::Forward(Some(2));
+    let t0 = Instant::now();
+    let at = |us| t0 + Duration::from_micros(us);
     let mut origins = Origins::default();
-    for node in 1..=100 {
-        let ms = Duration::from_millis(node);
-        origins.made(&[from_at(Origin::Forward(Some(node)), 2, at + ms)], LINGER);
-        origins.answered(at + ms);
-    }
-    assert_eq!(origins.awaited(), [Origin::Forward(Some(100))]);
-    assert!(origins.len() <= 32, "{}", origins.len());
+    origins.made(
+        &[from_at(slow, 20, at(0)), from_at(Origin::Frame, 20, at(0))],
+        LINGER,
+    );
+    origins.answered(at(1_000));
+    // Its second forward, sent at 0.6 ms, rides the next entry.
+    origins.made(
+        &[
+            from_at(slow, 20, at(600)),
+            from_at(Origin::Frame, 20, at(1_200)),
+        ],
+        LINGER,
+    );
+    origins.answered(at(2_000));
+    origins.made(&[from_at(Origin::Frame, 20, at(2_300))], LINGER);
+    origins.answered(at(3_500));
+    // The answer to its first forward comes back 3 ms after it, 2 ms after the last.
+    origins.made(
+        &[
+            from_at(slow, 20, at(4_000)),
+            from_at(Origin::Frame, 20, at(3_800)),
+        ],
+        LINGER,
+    );
+    origins.answered(at(5_200));
+    assert_eq!(origins.awaited(), [Origin::Frame]);
+    // The answer to its second, sent before that last answer: still slow.
+    origins.made(
+        &[
+            from_at(slow, 20, at(5_000)),
+            from_at(Origin::Frame, 20, at(5_400)),
+        ],
+        LINGER,
+    );
+    origins.answered(at(6_500));
+    assert_eq!(origins.awaited(), [Origin::Frame]);
+}
+
+#[test]
+fn senders_remembered_are_bounded_and_the_longest_answered_go_first() {
+    let t0 = Instant::now();
+    let ms = |n| t0 + Duration::from_millis(n);
+    let forward = |node| Origin::Forward(Some(node));
+    let mut origins = Origins::default();
+    let early: Vec<Queued> = (1..=30)
+        .map(|node| from_at(forward(node), 2, ms(0)))
+        .collect();
+    origins.made(&early, LINGER);
+    origins.answered(ms(1));
+    origins.made(&[from_at(forward(31), 2, ms(1))], LINGER);
+    origins.answered(ms(2));
+    origins.made(
+        &[
+            from_at(forward(32), 2, ms(2)),
+            from_at(forward(33), 2, ms(2)),
+        ],
+        LINGER,
+    );
+    assert_eq!(origins.len(), 32);
+    assert!(
+        origins.knows(forward(31)),
+        "answered last of those not in this entry"
+    );
+    assert!(origins.knows(forward(32)) && origins.knows(forward(33)));
+    assert!(
+        !origins.knows(forward(1)),
+        "one answered longest ago is forgotten"
+    );
+
+    // An entry of more new senders than are kept: none of them is forgotten while in it.
+    origins.answered(ms(3));
+    let many: Vec<Queued> = (100..140)
+        .map(|node| from_at(forward(node), 2, ms(3)))
+        .collect();
+    origins.made(&many, LINGER);
+    origins.answered(ms(4));
+    assert_eq!(origins.awaited().len(), 40);
+    origins.made(&[from_at(forward(200), 2, ms(4))], LINGER);
+    assert_eq!(origins.len(), 32, "back within the bound");
 }
 
 /// The leader's next entry waits until a unit from each awaited sender is in, and takes
