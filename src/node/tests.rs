@@ -57,6 +57,11 @@ fn a_mixed_decision_names_its_node_part_then_why_the_fleet_was_not_asked() {
 /// A node of one member that never formed a fleet (so no leader ever comes), its stores
 /// in `dir`, deciding alone on a wall clock the test drives.
 async fn leaderless_node(dir: &std::path::Path) -> Node {
+    node_lingering(dir, std::time::Duration::ZERO).await
+}
+
+/// [`leaderless_node`] whose batches linger up to `linger`.
+async fn node_lingering(dir: &std::path::Path, linger: std::time::Duration) -> Node {
     use crate::clock::{LocalTime, ManualClock};
     use crate::raft::clock_view::ClockView;
     use crate::raft::durability::network::DurableNetwork;
@@ -94,7 +99,7 @@ async fn leaderless_node(dir: &std::path::Path) -> Node {
         queue_depth_max: 1_000,
         proposals_in_flight_max: 1,
         forwards_in_flight_max: 16,
-        linger: std::time::Duration::ZERO,
+        linger,
     };
     let proposer = Proposer::start(
         Arc::new(router),
@@ -169,5 +174,69 @@ async fn a_hit_without_a_leader_is_answered_locally_by_its_fleet_deadline() {
         node.fallback().ledger.len(),
         1,
         "the grant waits to be reconciled"
+    );
+}
+
+/// Decision 028 as the batcher runs it: once an entry held a frame of two or more
+/// commands, the leader's next entry waits for that sender's next frame, and the lone
+/// command that came first rides in the same entry with it.
+#[tokio::test]
+async fn a_leaders_next_entry_waits_for_the_frame_its_last_one_answered() {
+    use crate::raft::MemberNode;
+    use crate::state::{Command, EncodedCommand};
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    // Long enough that no run of this test meets its end by chance.
+    let node = node_lingering(dir.path(), std::time::Duration::from_secs(60)).await;
+    let member = MemberNode {
+        api_addr: "127.0.0.1:1".to_owned(),
+        raft_addr: "127.0.0.1:2".to_owned(),
+    };
+    node.raft
+        .initialize(std::collections::BTreeMap::from([(node.id, member)]))
+        .await
+        .expect("initialize");
+    node.raft
+        .wait(Some(std::time::Duration::from_secs(30)))
+        .current_leader(node.id, "leads")
+        .await
+        .expect("the one member leads");
+    let reset = |tenant: &str| {
+        EncodedCommand::encode(&Command::Reset {
+            tenant: tenant.into(),
+        })
+        .expect("encode")
+    };
+    let deadline = || tokio::time::Instant::now() + std::time::Duration::from_secs(120);
+    let last_index = || node.raft.metrics().borrow().last_log_index;
+
+    let answers = node
+        .proposer
+        .propose_many(vec![reset("a"), reset("b")], deadline())
+        .await
+        .expect("the first frame");
+    assert_eq!(answers.len(), 2);
+    let after_first = last_index();
+
+    let proposer = node.proposer.clone();
+    let mut lone = tokio::spawn(async move { proposer.propose(reset("c"), deadline()).await });
+    // Not a timing bound: a lone command that did not wait is answered in milliseconds;
+    // one that waits is answered only after the frame below.
+    let early = tokio::time::timeout(std::time::Duration::from_millis(300), &mut lone).await;
+    assert!(
+        early.is_err(),
+        "the lone command left without waiting for the frame's sender: {early:?}"
+    );
+    let answers = node
+        .proposer
+        .propose_many(vec![reset("d"), reset("e")], deadline())
+        .await
+        .expect("the second frame");
+    assert_eq!(answers.len(), 2);
+    lone.await.expect("joined").expect("the lone command");
+    assert_eq!(
+        last_index(),
+        after_first.map(|index| index + 1),
+        "the lone command and the frame in one entry"
     );
 }
