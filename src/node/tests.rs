@@ -210,12 +210,18 @@ async fn a_leaders_next_entry_waits_for_the_frame_its_last_one_answered() {
     let deadline = || tokio::time::Instant::now() + std::time::Duration::from_secs(120);
     let last_index = || node.raft.metrics().borrow().last_log_index;
 
-    let answers = node
-        .proposer
-        .propose_many(vec![reset("a"), reset("b")], deadline())
-        .await
-        .expect("the first frame");
-    assert_eq!(answers.len(), 2);
+    // A frame of two commands, answered.
+    let frame = |a, b| {
+        let proposer = node.proposer.clone();
+        async move {
+            let answers = proposer
+                .propose_many(vec![reset(a), reset(b)], deadline())
+                .await
+                .expect("a frame");
+            assert_eq!(answers.len(), 2);
+        }
+    };
+    frame("a", "b").await;
     let after_first = last_index();
 
     let proposer = node.proposer.clone();
@@ -227,12 +233,7 @@ async fn a_leaders_next_entry_waits_for_the_frame_its_last_one_answered() {
         early.is_err(),
         "the lone command left without waiting for the frame's sender: {early:?}"
     );
-    let answers = node
-        .proposer
-        .propose_many(vec![reset("d"), reset("e")], deadline())
-        .await
-        .expect("the second frame");
-    assert_eq!(answers.len(), 2);
+    frame("d", "e").await;
     lone.await.expect("joined").expect("the lone command");
     assert_eq!(
         last_index(),

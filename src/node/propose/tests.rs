@@ -272,41 +272,54 @@ fn the_senders_waited_for_are_those_of_frames_and_forwards_of_two_or_more_just_a
     );
 }
 
+/// A follower forwarding to a leader whose edge also sends frames.
+const SLOW: Origin = Origin::Forward(Some(2));
+
+/// Records an entry of the frame, sent at `frame_at` µs, and the follower's unit if it is
+/// in (sent at `slow_at` µs), answered at `answered` µs; gives the senders the next waits
+/// for.
+fn entry(
+    origins: &mut Origins,
+    t0: Instant,
+    slow_at: Option<u64>,
+    frame_at: u64,
+    answered: u64,
+) -> Vec<Origin> {
+    let at = |us| t0 + Duration::from_micros(us);
+    let mut units: Vec<Queued> = slow_at
+        .map(|us| from_at(SLOW, 20, at(us)))
+        .into_iter()
+        .collect();
+    units.push(from_at(Origin::Frame, 20, at(frame_at)));
+    origins.made(&units, LINGER);
+    origins.answered(at(answered));
+    origins.awaited()
+}
+
 /// A sender that takes longer than the linger to come back is not waited for, so a slow
 /// follower does not cost every other entry the linger; once it comes back in time, it is
 /// waited for again.
 #[test]
 fn a_sender_slower_than_the_linger_is_not_waited_for_until_it_is_prompt_again() {
-    let slow = Origin::Forward(Some(2));
-    let t0 = Instant::now();
-    let ms = |n| t0 + Duration::from_millis(n);
-    let mut origins = Origins::default();
-    origins.made(
-        &[from_at(slow, 20, t0), from_at(Origin::Frame, 20, t0)],
-        LINGER,
+    let (t0, mut origins) = (Instant::now(), Origins::default());
+    assert_eq!(
+        entry(&mut origins, t0, Some(0), 0, 1_000),
+        [SLOW, Origin::Frame]
     );
-    origins.answered(ms(1));
-    assert_eq!(origins.awaited(), [slow, Origin::Frame]);
     // The next entry waited for it in vain and left with the frame alone.
-    origins.made(&[from_at(Origin::Frame, 20, ms(1))], LINGER);
-    origins.answered(ms(3));
-    assert_eq!(origins.awaited(), [Origin::Frame]);
+    assert_eq!(entry(&mut origins, t0, None, 1_000, 3_000), [Origin::Frame]);
     // It came 3 ms after its answer.
-    origins.made(
-        &[from_at(slow, 20, ms(4)), from_at(Origin::Frame, 20, ms(3))],
-        LINGER,
+    assert_eq!(
+        entry(&mut origins, t0, Some(4_000), 3_000, 5_000),
+        [Origin::Frame],
+        "late last time"
     );
-    origins.answered(ms(5));
-    assert_eq!(origins.awaited(), [Origin::Frame], "late last time");
-    origins.made(&[from_at(Origin::Frame, 20, ms(5))], LINGER);
-    origins.answered(ms(6));
+    entry(&mut origins, t0, None, 5_000, 6_000);
     // Back within the linger of its answer (at 5 ms): prompt again.
-    origins.made(
-        &[from_at(slow, 20, ms(6)), from_at(Origin::Frame, 20, ms(6))],
-        LINGER,
+    assert_eq!(
+        entry(&mut origins, t0, Some(6_000), 6_000, 7_000),
+        [SLOW, Origin::Frame]
     );
-    origins.answered(ms(7));
-    assert_eq!(origins.awaited(), [slow, Origin::Frame]);
 }
 
 /// A follower with a second forward in flight sends it before the first is answered: that
@@ -314,46 +327,21 @@ fn a_sender_slower_than_the_linger_is_not_waited_for_until_it_is_prompt_again() 
 /// from the units it sends after an answer.
 #[test]
 fn a_unit_sent_before_its_senders_last_answer_does_not_make_it_prompt() {
-    let slow = Origin::Forward(Some(2));
-    let t0 = Instant::now();
-    let at = |us| t0 + Duration::from_micros(us);
-    let mut origins = Origins::default();
-    origins.made(
-        &[from_at(slow, 20, at(0)), from_at(Origin::Frame, 20, at(0))],
-        LINGER,
-    );
-    origins.answered(at(1_000));
+    let (t0, mut origins) = (Instant::now(), Origins::default());
+    entry(&mut origins, t0, Some(0), 0, 1_000);
     // Its second forward, sent at 0.6 ms, rides the next entry.
-    origins.made(
-        &[
-            from_at(slow, 20, at(600)),
-            from_at(Origin::Frame, 20, at(1_200)),
-        ],
-        LINGER,
-    );
-    origins.answered(at(2_000));
-    origins.made(&[from_at(Origin::Frame, 20, at(2_300))], LINGER);
-    origins.answered(at(3_500));
+    entry(&mut origins, t0, Some(600), 1_200, 2_000);
+    entry(&mut origins, t0, None, 2_300, 3_500);
     // The answer to its first forward comes back 3 ms after it, 2 ms after the last.
-    origins.made(
-        &[
-            from_at(slow, 20, at(4_000)),
-            from_at(Origin::Frame, 20, at(3_800)),
-        ],
-        LINGER,
+    assert_eq!(
+        entry(&mut origins, t0, Some(4_000), 3_800, 5_200),
+        [Origin::Frame]
     );
-    origins.answered(at(5_200));
-    assert_eq!(origins.awaited(), [Origin::Frame]);
     // The answer to its second, sent before that last answer: still slow.
-    origins.made(
-        &[
-            from_at(slow, 20, at(5_000)),
-            from_at(Origin::Frame, 20, at(5_400)),
-        ],
-        LINGER,
+    assert_eq!(
+        entry(&mut origins, t0, Some(5_000), 5_400, 6_500),
+        [Origin::Frame]
     );
-    origins.answered(at(6_500));
-    assert_eq!(origins.awaited(), [Origin::Frame]);
 }
 
 #[test]
