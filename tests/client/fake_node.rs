@@ -258,6 +258,52 @@ fn all_allowed(frame: &[fake::Received]) -> Vec<(u64, Option<u64>)> {
     frame.iter().map(|hit| (hit.id, None)).collect()
 }
 
+/// A client of a fresh fake node with one hit sent: the hit alone in the first frame.
+struct OneInFlight {
+    client: Client,
+    calls: Calls,
+    stream: fake::BatchStream,
+    /// The call of the hit in flight.
+    call: tokio::task::JoinHandle<Result<ankusa_fleet_client::Decision, Error>>,
+    /// The frame it left in.
+    frame: Vec<fake::Received>,
+}
+
+/// Starts a fake node and a client, and sends it the hit `name` with `timeout_ms`.
+async fn one_in_flight(name: &str, timeout_ms: u32) -> OneInFlight {
+    let (addr, mut opened) = fake::start().await;
+    let client = fake_client(addr);
+    let calls = Calls::default();
+    let call = calls.hit(&client, name, timeout_ms);
+    let stream = fake::next_stream(&mut opened).await;
+    let mut started = OneInFlight {
+        client,
+        calls,
+        stream,
+        call,
+        frame: Vec::new(),
+    };
+    started.frame = started.stream.frame().await;
+    assert_eq!(started.frame.len(), 1, "{:?}", started.frame);
+    started
+}
+
+/// The answers of a caller that hit twice.
+type TwoAnswers = (
+    Result<ankusa_fleet_client::Decision, Error>,
+    Result<ankusa_fleet_client::Decision, Error>,
+);
+
+/// Waits for a caller that hit twice, and checks that both hits were allowed.
+async fn both_allowed(caller: tokio::task::JoinHandle<TwoAnswers>) {
+    let (first, second) = tokio::time::timeout(CONDITION_DEADLINE, caller)
+        .await
+        .expect("the caller returned")
+        .expect("the caller's task");
+    assert_eq!(first, fleet_says(Outcome::Ok));
+    assert_eq!(second, fleet_says(Outcome::Ok));
+}
+
 fn fake_client(addr: String) -> Client {
     Client::connect(Target::Tcp(addr), Options::default()).expect("a client")
 }
@@ -268,15 +314,14 @@ fn fake_client(addr: String) -> Client {
 #[tokio::test]
 async fn a_lone_hit_leaves_alone_and_hits_of_many_clones_share_the_next_frame() {
     init_tracing();
-    let (addr, mut opened) = fake::start().await;
-    let client = fake_client(addr);
-    let calls = Calls::default();
-
     tracing::info!("--- a lone hit: a frame of its own, answered");
-    let lone = calls.hit(&client, "lone", FAR_MS);
-    let mut stream = fake::next_stream(&mut opened).await;
-    let frame = stream.frame().await;
-    assert_eq!(frame.len(), 1, "{frame:?}");
+    let OneInFlight {
+        client,
+        calls,
+        mut stream,
+        call: lone,
+        frame,
+    } = one_in_flight("lone", FAR_MS).await;
     assert_eq!(frame[0].name, "lone");
     stream.answer(&[(frame[0].id, None)]);
     assert_eq!(answer_of(lone).await, fleet_says(Outcome::Ok));
@@ -351,12 +396,7 @@ async fn a_caller_that_hits_again_on_its_answer_joins_the_next_frame() {
 
     stream.answer(&all_allowed(&next));
     assert_eq!(answer_of(waiting).await, fleet_says(Outcome::Ok));
-    let (first, second) = tokio::time::timeout(CONDITION_DEADLINE, again)
-        .await
-        .expect("the caller returned")
-        .expect("the caller's task");
-    assert_eq!(first, fleet_says(Outcome::Ok));
-    assert_eq!(second, fleet_says(Outcome::Ok));
+    both_allowed(again).await;
 }
 
 /// The same on a multi-thread runtime, an edge's, with several callers: every caller the
@@ -364,13 +404,13 @@ async fn a_caller_that_hits_again_on_its_answer_joins_the_next_frame() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
 async fn every_caller_that_hits_again_joins_the_next_frame_on_a_multi_thread_runtime() {
     init_tracing();
-    let (addr, mut opened) = fake::start().await;
-    let client = fake_client(addr);
-    let calls = Calls::default();
-    let lead = calls.hit(&client, "lead", FAR_MS);
-    let mut stream = fake::next_stream(&mut opened).await;
-    let in_flight = stream.frame().await;
-    assert_eq!(in_flight.len(), 1, "{in_flight:?}");
+    let OneInFlight {
+        client,
+        calls,
+        mut stream,
+        call: lead,
+        frame: in_flight,
+    } = one_in_flight("lead", FAR_MS).await;
     let callers: Vec<_> = (0..3)
         .map(|i| {
             let (client, count) = (client.clone(), calls.0.clone());
@@ -401,12 +441,7 @@ async fn every_caller_that_hits_again_joins_the_next_frame_on_a_multi_thread_run
     stream.answer(&all_allowed(&next));
     assert_eq!(answer_of(waiting).await, fleet_says(Outcome::Ok));
     for caller in callers {
-        let (first, second) = tokio::time::timeout(CONDITION_DEADLINE, caller)
-            .await
-            .expect("the caller returned")
-            .expect("the caller's task");
-        assert_eq!(first, fleet_says(Outcome::Ok));
-        assert_eq!(second, fleet_says(Outcome::Ok));
+        both_allowed(caller).await;
     }
 }
 
@@ -444,13 +479,13 @@ async fn answers_are_matched_by_id_without_head_of_line_blocking() {
 #[tokio::test]
 async fn a_hit_never_answered_times_out_by_its_deadline_and_the_others_go_on() {
     init_tracing();
-    let (addr, mut opened) = fake::start().await;
-    let client = fake_client(addr);
-    let calls = Calls::default();
-    let held = calls.hit(&client, "held", 300);
-    let mut stream = fake::next_stream(&mut opened).await;
-    let held_frame = stream.frame().await;
-    assert_eq!(held_frame.len(), 1, "{held_frame:?}");
+    let OneInFlight {
+        client,
+        calls,
+        mut stream,
+        call: held,
+        frame: held_frame,
+    } = one_in_flight("held", 300).await;
     let asked_ms = held_frame[0].timeout_ms;
     assert!(
         asked_ms > 0 && asked_ms <= 280,
@@ -481,13 +516,13 @@ async fn a_hit_never_answered_times_out_by_its_deadline_and_the_others_go_on() {
 #[tokio::test]
 async fn a_stalled_frame_holds_a_gathered_hit_only_a_share_of_its_deadline() {
     init_tracing();
-    let (addr, mut opened) = fake::start().await;
-    let client = fake_client(addr);
-    let calls = Calls::default();
-    let _held = calls.hit(&client, "held", FAR_MS);
-    let mut stream = fake::next_stream(&mut opened).await;
-    let held_frame = stream.frame().await;
-    assert_eq!(held_frame.len(), 1, "{held_frame:?}");
+    let OneInFlight {
+        client,
+        calls,
+        mut stream,
+        call: _held,
+        ..
+    } = one_in_flight("held", FAR_MS).await;
 
     let quick = calls.hit(&client, "quick", 8_000);
     let frame = stream.frame().await;
