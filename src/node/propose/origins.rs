@@ -23,13 +23,21 @@ pub(super) struct Origins {
     known: Vec<Known>,
 }
 
+/// Where a sender's last unit is, as of the last entry made or answered.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Phase {
+    /// In the last entry made, not yet answered.
+    InFlight,
+    /// In the last entry answered.
+    JustAnswered,
+    /// In an entry before that.
+    Earlier,
+}
+
 #[derive(Debug)]
 struct Known {
     origin: Origin,
-    /// Its unit is in the last entry made, not yet answered.
-    in_flight: bool,
-    /// The last entry answered held its unit.
-    just_answered: bool,
+    phase: Phase,
     /// When the entry that held its last unit was answered (its task's time, set before
     /// it freed the slot).
     answered: Option<Instant>,
@@ -41,11 +49,13 @@ impl Origins {
     /// The last entry made was answered at `now`.
     pub(super) fn answered(&mut self, now: Instant) {
         for known in &mut self.known {
-            known.just_answered = known.in_flight;
-            if known.in_flight {
-                known.answered = Some(now);
-                known.in_flight = false;
-            }
+            known.phase = match known.phase {
+                Phase::InFlight => {
+                    known.answered = Some(now);
+                    Phase::JustAnswered
+                }
+                Phase::JustAnswered | Phase::Earlier => Phase::Earlier,
+            };
         }
     }
 
@@ -54,7 +64,7 @@ impl Origins {
     pub(super) fn awaited(&self) -> Vec<Origin> {
         self.known
             .iter()
-            .filter(|known| known.just_answered && known.prompt)
+            .filter(|known| known.phase == Phase::JustAnswered && known.prompt)
             .map(|known| known.origin)
             .collect()
     }
@@ -72,7 +82,7 @@ impl Origins {
                 None => self.remember(unit.origin),
             };
             let known = &mut self.known[index];
-            if known.in_flight {
+            if known.phase == Phase::InFlight {
                 // A second unit of the same sender in one entry.
                 continue;
             }
@@ -83,7 +93,7 @@ impl Origins {
                 Some(answered) if unit.arrived < answered => {}
                 Some(answered) => known.prompt = unit.arrived - answered <= linger,
             }
-            known.in_flight = true;
+            known.phase = Phase::InFlight;
         }
     }
 
@@ -104,7 +114,7 @@ impl Origins {
     fn remember(&mut self, origin: Origin) -> usize {
         while self.known.len() >= ORIGINS_KEPT {
             let oldest = (0..self.known.len())
-                .filter(|&i| !self.known[i].in_flight)
+                .filter(|&i| self.known[i].phase != Phase::InFlight)
                 .min_by_key(|&i| self.known[i].answered);
             let Some(oldest) = oldest else {
                 break;
@@ -113,8 +123,7 @@ impl Origins {
         }
         self.known.push(Known {
             origin,
-            in_flight: false,
-            just_answered: false,
+            phase: Phase::Earlier,
             answered: None,
             prompt: true,
         });
