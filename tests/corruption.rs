@@ -275,16 +275,17 @@ async fn a_damaged_vote_store_refuses_or_reads_the_vote_it_saved() {
     run_one_node(&mut fleet, &pristine, damages, &committed, Some(term)).await;
 }
 
-// ---- the snapshot (state.sled) ----
+// ---- the snapshot (its file in snapshot/, its record in state.sled) ----
 
 /// Snapshots every 10 entries, the log purged right up to each: a snapshot lost is then a
 /// hole in the log.
 const SNAPSHOTS: &str = "snapshot_logs_since_last = 10\nsnapshot_log_percent = 0\n\
                          snapshot_logs_kept = 0\nbatch_commands_max = 1";
 
-/// sled recovers a prefix of its writes from a damaged `state.sled/db`: the snapshot may be
-/// gone (the log no longer reaches back: refused) or an older one (the log replays the
-/// rest: right); a damaged `conf` refuses.
+/// sled recovers a prefix of its writes from a damaged `state.sled/db`: the snapshot's
+/// record may be gone (the log no longer reaches back: refused) or an older one (the log
+/// replays the rest, if that one's file is still there: right); a damaged `conf` refuses.
+/// The snapshot's file cut short, missing or with a bit flipped refuses, naming it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_damaged_snapshot_store_refuses_or_resumes_with_every_claim() {
     init_tracing();
@@ -330,16 +331,35 @@ async fn a_damaged_snapshot_store_refuses_or_resumes_with_every_claim() {
             Expect::Refuse,
         ),
     ];
-    let snapshots = find_all(&bytes, b"AKFS");
-    assert!(!snapshots.is_empty(), "a snapshot in state.sled/db");
-    for at in snapshots.into_iter().rev().take(2) {
-        damages.push(Damage::flip(
-            "inside a snapshot",
-            db,
-            at + 100,
-            Expect::Either,
-        ));
-    }
+    let files: Vec<PathBuf> = std::fs::read_dir(pristine.join("snapshot"))
+        .expect("the snapshot directory")
+        .map(|entry| Path::new("snapshot").join(entry.expect("entry").file_name()))
+        .collect();
+    let [file] = &files[..] else {
+        panic!("one snapshot file, found {files:?}");
+    };
+    let file_len = pristine_bytes(&pristine, file).len();
+    assert_eq!(
+        find_all(&pristine_bytes(&pristine, file), b"AKFS"),
+        [0],
+        "the file is one snapshot"
+    );
+    damages.extend([
+        Damage::cut("the snapshot file emptied", file, 0, Expect::Refuse),
+        Damage::cut(
+            "the snapshot file in half",
+            file,
+            file_len / 2,
+            Expect::Refuse,
+        ),
+        Damage::flip("the snapshot file's header", file, 10, Expect::Refuse),
+        Damage::flip(
+            "the snapshot file's body",
+            file,
+            file_len - 8,
+            Expect::Refuse,
+        ),
+    ]);
     run_one_node(&mut fleet, &pristine, damages, &committed, None).await;
 }
 

@@ -334,8 +334,9 @@ fn ensure_empty(data_dir: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Writes the stores of node `node_id` in `dir`: the snapshot installed in `state.sled`
-/// and, in the log store, a vote in the term of the snapshot's last entry.
+/// Writes the stores of node `node_id` in `dir`: the snapshot installed (its file in
+/// `snapshot/`, its record in `state.sled`) and, in the log store, a vote in the term of the
+/// snapshot's last entry.
 async fn seed(
     dir: &Path,
     node_id: NodeId,

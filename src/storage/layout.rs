@@ -4,8 +4,12 @@
 
 /// The Raft log and vote store.
 pub const RAFT_LOG_FILE: &str = "raft-log.redb";
-/// The sled store: the snapshot (and, before `SETTLE_QUEUE_JOURNAL`, the settle queue).
+/// The sled store: the record naming the snapshot (before `SNAPSHOT_DIR`, the snapshot's
+/// bytes too; before `SETTLE_QUEUE_JOURNAL`, the settle queue).
 pub const STATE_SLED_DIR: &str = "state.sled";
+/// The current snapshot's bytes, one file named by its generation (`<generation>.snapshot`);
+/// the record naming it is in `STATE_SLED_DIR` (`raft::snapshot::store`).
+pub const SNAPSHOT_DIR: &str = "snapshot";
 /// The journal of node-scope claims.
 pub const NODE_SCOPE_JOURNAL: &str = "node-claims.journal";
 /// The journal of claims the local fallback took, until reconciled.

@@ -47,6 +47,11 @@ impl SledDisk {
         &self.db
     }
 
+    /// The directory the database is in.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
     /// Flushes sled and fsyncs its files; returns how many files and directories were
     /// synced. Blocking: call it off the async runtime.
     ///

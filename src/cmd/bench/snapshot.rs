@@ -1,8 +1,8 @@
 //! `ankusa-fleet bench-snapshot`: what one snapshot costs on this machine, apart from a
 //! fleet. It builds a state of `--claims` pending claims (and `--tenants` buckets) through
 //! the state machine's own rules, then per round: encodes it as a node does
-//! (`snapshot::encode_live`), stores it as a node does (the chunked sled layout, into one
-//! sled tree kept across rounds, so the previous generation is there to replace), and reads
+//! (`snapshot::encode_live`), stores it as a node does (its file and the sled record naming
+//! it, kept across rounds, so the previous generation is there to replace), and reads
 //! it back into a state as a restart or an install does. CPU time is the process's, so
 //! sled's own threads count.
 
@@ -13,7 +13,7 @@ use anyhow::Context;
 use serde::Serialize;
 
 use crate::raft::snapshot;
-use crate::raft::snapshot::store as chunks;
+use crate::raft::snapshot::store;
 use crate::raft::{SnapshotMeta, StoredMembership};
 use crate::state::{
     rules, BucketKey, Charge, ClaimKey, ClaimRequest, Command, FleetState, HookId, Kind, SourceId,
@@ -134,11 +134,14 @@ pub fn run(plan: &SnapshotBenchPlan) -> anyhow::Result<SnapshotBenchSummary> {
     // A real database (synced to the disk like a node's), removed at the end: the guard is
     // dropped after the database.
     let _scratch = RemovedOnDrop(dir.clone());
-    let db = SledDisk::open(&dir, 64 << 20)
-        .with_context(|| format!("opening a scratch sled database in {}", dir.display()))?;
+    // Laid out as a data dir: the snapshot's file goes beside the sled store, in `dir` too.
+    let sled_dir = dir.join(crate::storage::layout::STATE_SLED_DIR);
+    let db = SledDisk::open(&sled_dir, 64 << 20)
+        .with_context(|| format!("opening a scratch sled database in {}", sled_dir.display()))?;
     let tree = db
         .db()
         .open_tree(crate::raft::snapshot::store::SNAPSHOT_TREE)?;
+    let files = store::files_dir(&db);
     let membership = StoredMembership::default();
     let mut rounds = Vec::with_capacity(plan.rounds);
     for round in 0..plan.rounds {
@@ -153,10 +156,11 @@ pub fn run(plan: &SnapshotBenchPlan) -> anyhow::Result<SnapshotBenchSummary> {
             snapshot_id: format!("bench-{round}"),
         };
         let (stored, store_cpu_ms, store_wall_ms) =
-            timed(|| chunks::write(&tree, &db, &meta, &data));
+            timed(|| store::write(&tree, &db, &files, &meta, &data));
         anyhow::ensure!(stored?, "the snapshot was not stored");
         let (loaded, load_cpu_ms, _) = timed(|| -> anyhow::Result<FleetState> {
-            let stored = chunks::read(&tree)?.context("the snapshot just stored is missing")?;
+            let stored =
+                store::read(&tree, &files)?.context("the snapshot just stored is missing")?;
             let body = snapshot::decode(&stored.data)?;
             Ok(FleetState::from_image(body.image))
         });

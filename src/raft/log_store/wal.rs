@@ -215,7 +215,10 @@ impl Drop for Wal {
     }
 }
 
-/// A file of `bytes` zeros, fsynced, opened for reading and writing.
+/// A file of `bytes` zeros, fsynced, opened for reading and writing. The zeros are flushed
+/// a step at a time ([`crate::storage::write_in_flushed_steps`]): the nodes roll their
+/// segments at the same index, and three segments zeroed in one flush each held every
+/// node's appends.
 fn zeroed_file(path: &Path, bytes: u64) -> io::Result<File> {
     let file = OpenOptions::new()
         .read(true)
@@ -223,7 +226,7 @@ fn zeroed_file(path: &Path, bytes: u64) -> io::Result<File> {
         .create(true)
         .truncate(true)
         .open(path)?;
-    write_zeros(&file, 0, bytes)?;
+    crate::storage::write_in_flushed_steps(&file, bytes, write_zeros)?;
     file.sync_all()?;
     Ok(file)
 }

@@ -1,14 +1,21 @@
-//! How the latest snapshot is laid out in its sled tree: a record (meta, generation,
-//! length) under `CURRENT_KEY` and the encoded bytes in `CHUNK_BYTES` pieces under
-//! `chunk_key`.
+//! How the latest snapshot is stored: its bytes in a file of their own beside the sled
+//! store (`SNAPSHOT_DIR/<generation>.snapshot`), and a record naming it (meta, generation,
+//! length) in sled's `snapshots` tree under [`FILE_RECORD_KEY`].
 //!
-//! In chunks, sled copies one megabyte at a time on the way in, never the whole snapshot
-//! (docs/decisions has the measurement).
+//! A write puts the file first (written in flushed steps, fsynced, renamed into place, its
+//! directory fsynced) and the record last, so the record never names a file that is not
+//! whole on the disk; files of any other generation are removed once the record is.
 //!
-//! A write puts the new generation's chunks first and the record last: sled recovers a
-//! prefix of its writes after a crash, so the record never names chunks that are not there.
-//! Chunks of any other generation are leftovers and are removed.
+//! Until 2026-12-06 the bytes were 1 MiB chunks in the tree itself (a record under
+//! [`CHUNKED_RECORD_KEY`], chunks under `chunk/<generation>/<index>`): sled rewrote the
+//! tree's nodes around them as blobs of 7-9 MB, twice the snapshot's bytes in all, and
+//! flushed them at once. Such a snapshot is still read; the next write replaces it and
+//! removes its chunks (docs/storage.md, decision 029).
 
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Read};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -17,9 +24,11 @@ use serde::{Deserialize, Serialize};
 
 use crate::codec;
 use crate::raft::{SnapshotMeta, StorageError};
+use crate::storage::layout::SNAPSHOT_DIR;
 use crate::storage::sled_disk::SledDisk;
+use crate::storage::{create_private_dir, parent_dir, sync_dir, write_in_flushed_steps};
 
-/// The sled tree holding the latest snapshot (laid out by this module).
+/// The sled tree holding the record naming the latest snapshot (laid out by this module).
 pub(crate) const SNAPSHOT_TREE: &str = "snapshots";
 
 /// The state machine could not be opened.
@@ -42,16 +51,40 @@ pub enum StateStoreError {
         expected_bytes: u64,
         found_bytes: u64,
     },
+    #[error("stored snapshot {path}: {reason}")]
+    File { path: PathBuf, reason: String },
+}
+
+fn file_error(path: &Path, what: &str, source: impl std::fmt::Display) -> StateStoreError {
+    StateStoreError::File {
+        path: path.to_path_buf(),
+        reason: format!("{what}: {source}"),
+    }
 }
 
 /// The latest snapshot: metadata plus the encoded (checksummed) body.
 pub(crate) struct StoredSnapshot {
     pub(crate) meta: SnapshotMeta,
     pub(crate) data: Vec<u8>,
+    /// The file it was read from (`None`: chunks of the layout before).
+    pub(crate) file: Option<PathBuf>,
 }
 
-/// The node's stored snapshot: its sled tree, its size, and the turns writes take (cheap
-/// to clone: clones share one store).
+impl StoredSnapshot {
+    /// The snapshot's body, checked (its CRC-32 and length); an error names the file.
+    ///
+    /// # Errors
+    /// When the bytes do not decode as a snapshot.
+    pub(crate) fn decode(&self) -> Result<crate::raft::snapshot::SnapshotBody, StateStoreError> {
+        crate::raft::snapshot::decode(&self.data).map_err(|e| match &self.file {
+            Some(path) => file_error(path, "unreadable", e),
+            None => StateStoreError::Snapshot(e),
+        })
+    }
+}
+
+/// The node's stored snapshot: its sled tree and directory, its size, and the turns writes
+/// take (cheap to clone: clones share one store).
 #[derive(Clone)]
 pub struct SnapshotStore {
     inner: Arc<StoreInner>,
@@ -60,6 +93,8 @@ pub struct SnapshotStore {
 struct StoreInner {
     tree: sled::Tree,
     disk: SledDisk,
+    /// Where the snapshot's file is ([`files_dir`]).
+    files: PathBuf,
     /// Size of the current snapshot (0: none yet).
     bytes: AtomicU64,
     /// Tells the snapshots this node builds apart.
@@ -72,10 +107,11 @@ impl SnapshotStore {
     /// Opens the snapshot tree of `disk`, with the snapshot it holds, if any.
     ///
     /// # Errors
-    /// When sled fails or the stored record or chunks do not add up.
+    /// When sled fails or the stored record and its file or chunks do not add up.
     pub(crate) fn open(disk: &SledDisk) -> Result<(Self, Option<StoredSnapshot>), StateStoreError> {
         let tree = disk.db().open_tree(SNAPSHOT_TREE)?;
-        let current = read(&tree)?;
+        let files = files_dir(disk);
+        let current = read(&tree, &files)?;
         let bytes = current
             .as_ref()
             .map_or(0, |stored| stored.data.len() as u64);
@@ -83,6 +119,7 @@ impl SnapshotStore {
             inner: Arc::new(StoreInner {
                 tree,
                 disk: disk.clone(),
+                files,
                 bytes: AtomicU64::new(bytes),
                 seq: AtomicU64::new(0),
                 writing: Mutex::new(()),
@@ -106,7 +143,7 @@ impl SnapshotStore {
     /// # Errors
     /// As [`read`].
     pub(crate) fn current(&self) -> Result<Option<StoredSnapshot>, StateStoreError> {
-        read(&self.inner.tree)
+        read(&self.inner.tree, &self.inner.files)
     }
 
     /// The current snapshot, if any, read between writes (a write that removes the chunks
@@ -120,7 +157,7 @@ impl SnapshotStore {
         let inner = Arc::clone(&self.inner);
         tokio::task::spawn_blocking(move || {
             let _no_write_meanwhile = crate::lock::lock(&inner.writing);
-            read(&inner.tree)
+            read(&inner.tree, &inner.files)
         })
         .await
         .map_err(|e| StateStoreError::Reader(e.to_string()))?
@@ -147,7 +184,7 @@ impl SnapshotStore {
         let meta = meta.clone();
         let written = tokio::task::spawn_blocking(move || {
             let _one_at_a_time = crate::lock::lock(&inner.writing);
-            if write(&inner.tree, &inner.disk, &meta, &data)? {
+            if write(&inner.tree, &inner.disk, &inner.files, &meta, &data)? {
                 inner.bytes.store(data.len() as u64, Ordering::Relaxed);
             } else {
                 tracing::info!(
@@ -165,37 +202,36 @@ impl SnapshotStore {
     }
 }
 
-/// The record naming the current snapshot.
-const CURRENT_KEY: &[u8] = b"current-chunked";
-/// Every chunk key starts with this (not a prefix of the record's key).
+/// The record naming the current snapshot's file.
+const FILE_RECORD_KEY: &[u8] = b"current-file";
+/// The record of the layout before (chunks in the tree): read, never written.
+const CHUNKED_RECORD_KEY: &[u8] = b"current-chunked";
+/// Every chunk key of the layout before starts with this (not a prefix of the records' keys).
 const CHUNK_PREFIX: &[u8] = b"chunk/";
-/// Bytes per chunk.
-const CHUNK_BYTES: usize = 1 << 20;
+/// The name a snapshot file ends with; while it is being written, [`STAGING_SUFFIX`].
+const FILE_SUFFIX: &str = ".snapshot";
+const STAGING_SUFFIX: &str = ".snapshot.tmp";
 
-/// What [`CURRENT_KEY`] holds.
+/// What either record holds.
 #[derive(Serialize, Deserialize)]
 struct CurrentRecord {
     meta: SnapshotMeta,
-    /// Tells this snapshot's chunks from a previous one's.
+    /// Names the file (the chunks, in the layout before).
     generation: u64,
     len_bytes: u64,
 }
 
-fn generation_prefix(generation: u64) -> Vec<u8> {
-    let mut prefix = CHUNK_PREFIX.to_vec();
-    prefix.extend_from_slice(&generation.to_be_bytes());
-    prefix
+/// The directory of `disk`'s snapshot files: [`SNAPSHOT_DIR`] beside the sled store.
+pub(crate) fn files_dir(disk: &SledDisk) -> PathBuf {
+    parent_dir(disk.dir()).join(SNAPSHOT_DIR)
 }
 
-/// Big-endian numbers, so a scan returns the chunks in order.
-fn chunk_key(generation: u64, index: u64) -> Vec<u8> {
-    let mut key = generation_prefix(generation);
-    key.extend_from_slice(&index.to_be_bytes());
-    key
+fn file_path(files: &Path, generation: u64) -> PathBuf {
+    files.join(format!("{generation}{FILE_SUFFIX}"))
 }
 
-fn read_record(tree: &sled::Tree) -> Result<Option<CurrentRecord>, StateStoreError> {
-    match tree.get(CURRENT_KEY)? {
+fn read_record(tree: &sled::Tree, key: &[u8]) -> Result<Option<CurrentRecord>, StateStoreError> {
+    match tree.get(key)? {
         Some(bytes) => Ok(Some(codec::decode(&bytes)?)),
         None => Ok(None),
     }
@@ -204,15 +240,85 @@ fn read_record(tree: &sled::Tree) -> Result<Option<CurrentRecord>, StateStoreErr
 /// The current snapshot, if any.
 ///
 /// # Errors
-/// When sled fails, the record does not decode, or the chunks do not add up to its length.
-pub(crate) fn read(tree: &sled::Tree) -> Result<Option<StoredSnapshot>, StateStoreError> {
-    let Some(record) = read_record(tree)? else {
+/// When sled fails, the record does not decode, or its file (or chunks) do not add up to
+/// its length.
+pub(crate) fn read(
+    tree: &sled::Tree,
+    files: &Path,
+) -> Result<Option<StoredSnapshot>, StateStoreError> {
+    match read_named(files, || read_record(tree, FILE_RECORD_KEY))? {
+        Some(stored) => Ok(Some(stored)),
+        None => read_chunked(tree),
+    }
+}
+
+/// The snapshot whose file the record from `record` names, if there is a record.
+///
+/// A reader that does not take turns with writes (openraft's `get_current_snapshot`) can
+/// find the file its record named removed by a write that finished meanwhile: the record,
+/// read again, then names a newer file, which is read instead.
+fn read_named(
+    files: &Path,
+    mut record: impl FnMut() -> Result<Option<CurrentRecord>, StateStoreError>,
+) -> Result<Option<StoredSnapshot>, StateStoreError> {
+    let mut missing = None;
+    loop {
+        let Some(record) = record()? else {
+            return Ok(None);
+        };
+        let path = file_path(files, record.generation);
+        let file = match File::open(&path) {
+            Ok(file) => file,
+            Err(e) if e.kind() == io::ErrorKind::NotFound && missing != Some(record.generation) => {
+                missing = Some(record.generation);
+                continue;
+            }
+            Err(e) => return Err(file_error(&path, "open", e)),
+        };
+        let data = read_file(file, &path, record.len_bytes)?;
+        return Ok(Some(StoredSnapshot {
+            meta: record.meta,
+            data,
+            file: Some(path),
+        }));
+    }
+}
+
+/// The bytes of `file` (at `path`), which must be `expected_bytes` long: the length is read
+/// from disk, so it sizes nothing until the file really has it.
+fn read_file(mut file: File, path: &Path, expected_bytes: u64) -> Result<Vec<u8>, StateStoreError> {
+    let found_bytes = file
+        .metadata()
+        .map_err(|e| file_error(path, "stat", e))?
+        .len();
+    if found_bytes != expected_bytes {
+        let reason = format!("{found_bytes} bytes, its record says {expected_bytes}");
+        return Err(file_error(path, "length", reason));
+    }
+    let mut data = Vec::with_capacity(usize::try_from(found_bytes).unwrap_or(0));
+    file.read_to_end(&mut data)
+        .map_err(|e| file_error(path, "read", e))?;
+    if data.len() as u64 != expected_bytes {
+        let reason = format!(
+            "read {} bytes, its record says {expected_bytes}",
+            data.len()
+        );
+        return Err(file_error(path, "length", reason));
+    }
+    Ok(data)
+}
+
+/// The current snapshot in the layout before, if any.
+fn read_chunked(tree: &sled::Tree) -> Result<Option<StoredSnapshot>, StateStoreError> {
+    let Some(record) = read_record(tree, CHUNKED_RECORD_KEY)? else {
         return Ok(None);
     };
     let expected_bytes = record.len_bytes;
     // The length is read from disk: it sizes nothing until the chunks really add up to it.
     let mut data = Vec::new();
-    for chunk in tree.scan_prefix(generation_prefix(record.generation)) {
+    let mut prefix = CHUNK_PREFIX.to_vec();
+    prefix.extend_from_slice(&record.generation.to_be_bytes());
+    for chunk in tree.scan_prefix(prefix) {
         let (_, chunk) = chunk?;
         data.extend_from_slice(&chunk);
         if data.len() as u64 > expected_bytes {
@@ -228,6 +334,7 @@ pub(crate) fn read(tree: &sled::Tree) -> Result<Option<StoredSnapshot>, StateSto
     Ok(Some(StoredSnapshot {
         meta: record.meta,
         data,
+        file: None,
     }))
 }
 
@@ -236,46 +343,93 @@ pub(crate) fn read(tree: &sled::Tree) -> Result<Option<StoredSnapshot>, StateSto
 /// writes take turns).
 ///
 /// # Errors
-/// When sled fails or its files cannot be synced.
+/// When the file cannot be written, sled fails or its files cannot be synced.
 pub(crate) fn write(
     tree: &sled::Tree,
     disk: &SledDisk,
+    files: &Path,
     meta: &SnapshotMeta,
     data: &[u8],
 ) -> Result<bool, StateStoreError> {
-    let previous = read_record(tree)?;
+    let previous = match read_record(tree, FILE_RECORD_KEY)? {
+        Some(record) => Some(record),
+        None => read_record(tree, CHUNKED_RECORD_KEY)?,
+    };
     if previous
         .as_ref()
         .is_some_and(|record| record.meta.last_log_id > meta.last_log_id)
     {
         return Ok(false);
     }
-    let previous = previous.map(|record| record.generation);
-    remove_chunks_except(tree, previous)?;
-    let generation = previous.map_or(0, |generation| generation.wrapping_add(1));
-    for (index, chunk) in (0u64..).zip(data.chunks(CHUNK_BYTES)) {
-        tree.insert(chunk_key(generation, index), chunk)?;
-    }
+    let generation = previous.map_or(0, |record| record.generation.wrapping_add(1));
+    write_file(files, generation, data)?;
     let record = CurrentRecord {
         meta: meta.clone(),
         generation,
         len_bytes: data.len() as u64,
     };
-    tree.insert(CURRENT_KEY, codec::encode(&record)?)?;
+    // The record first: sled recovers a prefix of its writes, so the chunks of the layout
+    // before are never gone while their record is the newest one.
+    tree.insert(FILE_RECORD_KEY, codec::encode(&record)?)?;
+    tree.remove(CHUNKED_RECORD_KEY)?;
+    for key in tree.scan_prefix(CHUNK_PREFIX).keys() {
+        tree.remove(key?)?;
+    }
     disk.flush_to_disk()?;
-    remove_chunks_except(tree, Some(generation))?;
+    remove_files_except(files, generation)?;
     Ok(true)
 }
 
-/// Removes every chunk that does not belong to generation `keep`.
-fn remove_chunks_except(tree: &sled::Tree, keep: Option<u64>) -> Result<(), StateStoreError> {
-    let kept = keep.map(generation_prefix);
-    for item in tree.scan_prefix(CHUNK_PREFIX).keys() {
-        let key = item?;
-        if kept.as_ref().is_some_and(|kept| key.starts_with(kept)) {
-            continue;
+/// Writes `data` as generation `generation`'s file: under a staging name, in flushed
+/// steps, fsynced, renamed into place, and the directory (made if need be) fsynced.
+fn write_file(files: &Path, generation: u64, data: &[u8]) -> Result<(), StateStoreError> {
+    let made = !files.is_dir();
+    create_private_dir(files).map_err(|e| file_error(files, "create", e))?;
+    if made {
+        let parent = parent_dir(files);
+        sync_dir(parent).map_err(|e| file_error(parent, "fsync", e))?;
+    }
+    let path = file_path(files, generation);
+    let staging = files.join(format!("{generation}{STAGING_SUFFIX}"));
+    let file = OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(&staging)
+        .map_err(|e| file_error(&staging, "create", e))?;
+    let step = |file: &File, from: u64, to: u64| {
+        let bytes = &data[from as usize..to as usize];
+        file.write_all_at(bytes, from)
+    };
+    write_in_flushed_steps(&file, data.len() as u64, step)
+        .and_then(|()| file.sync_all())
+        .map_err(|e| file_error(&staging, "write", e))?;
+    fs::rename(&staging, &path).map_err(|e| file_error(&path, "rename", e))?;
+    sync_dir(files).map_err(|e| file_error(files, "fsync", e))
+}
+
+/// Removes every snapshot file (and staging file) of a generation other than `keep`: the
+/// snapshots before, and what a crash in the middle of a write left.
+fn remove_files_except(files: &Path, keep: u64) -> Result<(), StateStoreError> {
+    let entries = fs::read_dir(files).map_err(|e| file_error(files, "list", e))?;
+    let mut removed = false;
+    for entry in entries {
+        let entry = entry.map_err(|e| file_error(files, "list", e))?;
+        let name = entry.file_name();
+        let name = name.to_string_lossy();
+        let generation = name
+            .strip_suffix(STAGING_SUFFIX)
+            .or_else(|| name.strip_suffix(FILE_SUFFIX))
+            .and_then(|generation| generation.parse::<u64>().ok());
+        if generation.is_some_and(|generation| generation != keep) || name.ends_with(STAGING_SUFFIX)
+        {
+            let path = entry.path();
+            fs::remove_file(&path).map_err(|e| file_error(&path, "remove", e))?;
+            removed = true;
         }
-        tree.remove(key)?;
+    }
+    if removed {
+        sync_dir(files).map_err(|e| file_error(files, "fsync", e))?;
     }
     Ok(())
 }
@@ -299,53 +453,166 @@ mod tests {
         }
     }
 
-    fn chunk_keys(tree: &sled::Tree) -> usize {
-        tree.scan_prefix(CHUNK_PREFIX).count()
+    /// The files in the snapshot directory, by name.
+    fn file_names(db: &SledDisk) -> Vec<String> {
+        let mut names: Vec<String> = fs::read_dir(files_dir(db))
+            .expect("list")
+            .map(|entry| {
+                entry
+                    .expect("entry")
+                    .file_name()
+                    .to_string_lossy()
+                    .into_owned()
+            })
+            .collect();
+        names.sort();
+        names
+    }
+
+    /// A chunk's key in the layout before.
+    fn chunk_key(generation: u64, index: u64) -> Vec<u8> {
+        let mut key = CHUNK_PREFIX.to_vec();
+        key.extend_from_slice(&generation.to_be_bytes());
+        key.extend_from_slice(&index.to_be_bytes());
+        key
     }
 
     #[test]
     fn a_snapshot_reads_back_whole_and_replaces_the_one_before() {
         let (_dir, db, tree) = open();
-        assert!(read(&tree).expect("read").is_none());
-        let big: Vec<u8> = (0..CHUNK_BYTES * 2 + 5).map(|i| (i % 251) as u8).collect();
-        write(&tree, &db, &meta("a"), &big).expect("write");
-        assert_eq!(chunk_keys(&tree), 3);
-        let stored = read(&tree).expect("read").expect("a snapshot");
+        let files = files_dir(&db);
+        assert!(read(&tree, &files).expect("read").is_none());
+        let step = crate::storage::FLUSH_STEP_BYTES as usize;
+        let big: Vec<u8> = (0..step * 2 + 5).map(|i| (i % 251) as u8).collect();
+        assert!(write(&tree, &db, &files, &meta("a"), &big).expect("write"));
+        assert_eq!(file_names(&db), ["0.snapshot"]);
+        let stored = read(&tree, &files).expect("read").expect("a snapshot");
         assert_eq!(stored.meta.snapshot_id, "a");
         assert_eq!(stored.data, big);
 
-        write(&tree, &db, &meta("b"), b"small").expect("write");
-        assert_eq!(chunk_keys(&tree), 1, "the older chunks are gone");
-        let stored = read(&tree).expect("read").expect("a snapshot");
+        assert!(write(&tree, &db, &files, &meta("b"), b"small").expect("write"));
+        assert_eq!(file_names(&db), ["1.snapshot"], "the older file is gone");
+        let stored = read(&tree, &files).expect("read").expect("a snapshot");
         assert_eq!(stored.meta.snapshot_id, "b");
         assert_eq!(stored.data, b"small");
     }
 
     #[test]
-    fn a_missing_chunk_is_refused_and_leftovers_are_cleared() {
+    fn a_short_or_missing_file_is_refused_by_name_and_leftovers_are_cleared() {
         let (_dir, db, tree) = open();
-        let data = vec![7u8; CHUNK_BYTES + 1];
-        write(&tree, &db, &meta("a"), &data).expect("write");
-        // A crash in the middle of the next write leaves chunks nobody names.
-        tree.insert(chunk_key(1, 0), &b"torn"[..]).expect("insert");
-        assert_eq!(read(&tree).expect("read").expect("a snapshot").data, data);
+        let files = files_dir(&db);
+        write(&tree, &db, &files, &meta("a"), &[7u8; 100]).expect("write");
+        // A crash in the middle of the next write leaves files nobody names.
+        fs::write(files.join("1.snapshot.tmp"), b"torn").expect("leftover");
+        fs::write(files.join("1.snapshot"), b"torn").expect("leftover");
+        assert_eq!(
+            read(&tree, &files).expect("read").expect("a snapshot").data,
+            [7u8; 100]
+        );
 
-        tree.remove(chunk_key(0, 1)).expect("remove");
+        let path = files.join("0.snapshot");
+        let refused = |expected: &str| match read(&tree, &files) {
+            Err(e @ StateStoreError::File { .. }) => {
+                let message = e.to_string();
+                assert!(message.contains(&path.display().to_string()), "{message}");
+                assert!(message.contains(expected), "{message}");
+            }
+            other => panic!(
+                "{expected}: {:?}",
+                other.map(|stored| stored.map(|s| s.data))
+            ),
+        };
+        fs::write(&path, [7u8; 99]).expect("cut the file short");
+        refused("99 bytes, its record says 100");
+        fs::remove_file(&path).expect("remove");
+        refused("open");
+
+        write(&tree, &db, &files, &meta("b"), b"b").expect("write");
+        assert_eq!(file_names(&db), ["1.snapshot"], "the leftovers are gone");
+        assert_eq!(
+            read(&tree, &files).expect("read").expect("a snapshot").data,
+            b"b"
+        );
+    }
+
+    /// A data dir from before the snapshot's file: its chunks are read, a missing one is
+    /// refused, and the next write moves the snapshot to a file and removes every chunk.
+    #[test]
+    fn a_snapshot_in_chunks_is_read_and_the_next_write_replaces_it() {
+        let (_dir, db, tree) = open();
+        let files = files_dir(&db);
+        let record = CurrentRecord {
+            meta: meta("chunked"),
+            generation: 4,
+            len_bytes: 7,
+        };
+        let record = codec::encode(&record).expect("encode");
+        tree.insert(CHUNKED_RECORD_KEY, record).expect("record");
+        tree.insert(chunk_key(4, 0), &b"chu"[..]).expect("chunk");
+        tree.insert(chunk_key(4, 1), &b"nked"[..]).expect("chunk");
+        tree.insert(chunk_key(3, 0), &b"old"[..]).expect("leftover");
+        let stored = read(&tree, &files).expect("read").expect("a snapshot");
+        assert_eq!(
+            (stored.meta.snapshot_id.as_str(), &stored.data[..]),
+            ("chunked", &b"chunked"[..])
+        );
+
+        tree.remove(chunk_key(4, 1)).expect("remove");
         assert!(matches!(
-            read(&tree),
+            read(&tree, &files),
             Err(StateStoreError::Chunks {
-                expected_bytes,
-                found_bytes,
-            }) if expected_bytes == data.len() as u64 && found_bytes == CHUNK_BYTES as u64
+                expected_bytes: 7,
+                found_bytes: 3,
+            })
         ));
 
-        write(&tree, &db, &meta("b"), b"b").expect("write");
+        assert!(write(&tree, &db, &files, &meta("file"), b"file").expect("write"));
         assert_eq!(
-            chunk_keys(&tree),
-            1,
-            "the leftover and the old chunk are gone"
+            tree.scan_prefix(CHUNK_PREFIX).count(),
+            0,
+            "every chunk is gone"
         );
-        assert_eq!(read(&tree).expect("read").expect("a snapshot").data, b"b");
+        assert!(tree.get(CHUNKED_RECORD_KEY).expect("get").is_none());
+        assert_eq!(file_names(&db), ["5.snapshot"]);
+        let stored = read(&tree, &files).expect("read").expect("a snapshot");
+        assert_eq!(
+            (stored.meta.snapshot_id.as_str(), &stored.data[..]),
+            ("file", &b"file"[..])
+        );
+    }
+
+    /// A reader that does not take turns with writes (openraft's `get_current_snapshot`):
+    /// when the file its record named is gone, the record read again names the newer file
+    /// the write that removed it left; a record that names a missing file twice is refused.
+    #[test]
+    fn a_read_whose_file_a_write_removed_reads_the_newer_one() {
+        let (_dir, db, tree) = open();
+        let files = files_dir(&db);
+        write(&tree, &db, &files, &meta("a"), b"a").expect("write");
+        write(&tree, &db, &files, &meta("b"), b"b").expect("write");
+        let named = |generation: u64, id: &str| CurrentRecord {
+            meta: meta(id),
+            generation,
+            len_bytes: 1,
+        };
+        // Generation 0's file is gone (replaced by 1's) after its record was read.
+        let mut records = vec![named(1, "b"), named(0, "a")];
+        let stored = read_named(&files, || Ok(records.pop()))
+            .expect("read")
+            .expect("a snapshot");
+        assert_eq!(
+            (stored.meta.snapshot_id.as_str(), &stored.data[..]),
+            ("b", &b"b"[..])
+        );
+
+        let mut records = vec![named(0, "a"), named(0, "a")];
+        match read_named(&files, || Ok(records.pop())) {
+            Err(StateStoreError::File { path, reason }) => {
+                assert_eq!(path, files.join("0.snapshot"));
+                assert!(reason.starts_with("open"), "{reason}");
+            }
+            other => panic!("{:?}", other.map(|stored| stored.map(|s| s.data))),
+        }
     }
 
     /// A build that finishes after a newer snapshot was installed does not replace it: the

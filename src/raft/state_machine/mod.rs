@@ -70,7 +70,7 @@ impl StateMachineStore {
         let (snapshots, current) = SnapshotStore::open(disk)?;
         let mut applied = Applied::default();
         if let Some(stored) = current {
-            let body = snapshot::decode(&stored.data)?;
+            let body = stored.decode()?;
             drop(stored);
             applied = applied_from_body(body);
             tracing::info!(last_applied = ?applied.last_applied, "state machine resumed from snapshot");
