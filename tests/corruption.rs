@@ -285,7 +285,8 @@ const SNAPSHOTS: &str = "snapshot_logs_since_last = 10\nsnapshot_log_percent = 0
 /// sled recovers a prefix of its writes from a damaged `state.sled/db`: the snapshot's
 /// record may be gone (the log no longer reaches back: refused) or an older one (the log
 /// replays the rest, if that one's file is still there: right); a damaged `conf` refuses.
-/// The snapshot's file cut short, missing or with a bit flipped refuses, naming it.
+/// The snapshot's file cut short or with a bit flipped refuses, naming it (a missing file:
+/// the unit tests of `raft::snapshot::store`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_damaged_snapshot_store_refuses_or_resumes_with_every_claim() {
     init_tracing();

@@ -358,7 +358,7 @@ async fn seed(
     state
         .install_snapshot(meta, Box::new(Cursor::new(data)))
         .await
-        .with_context(|| format!("writing the snapshot into {}", sled_path.display()))?;
+        .with_context(|| format!("writing the snapshot into {}", dir.display()))?;
     log.save_vote(&openraft::Vote::new(term, node_id))
         .await
         .with_context(|| format!("writing the vote into {}", log_path.display()))?;

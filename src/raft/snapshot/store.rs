@@ -1,13 +1,13 @@
 //! How the latest snapshot is stored: its bytes in a file of their own beside the sled
 //! store (`SNAPSHOT_DIR/<generation>.snapshot`), and a record naming it (meta, generation,
-//! length) in sled's `snapshots` tree under [`FILE_RECORD_KEY`].
+//! length) in sled's `snapshots` tree under the key `current-file`.
 //!
 //! A write puts the file first (written in flushed steps, fsynced, renamed into place, its
 //! directory fsynced) and the record last, so the record never names a file that is not
 //! whole on the disk; files of any other generation are removed once the record is.
 //!
 //! Until 2026-12-06 the bytes were 1 MiB chunks in the tree itself (a record under
-//! [`CHUNKED_RECORD_KEY`], chunks under `chunk/<generation>/<index>`): sled rewrote the
+//! `current-chunked`, chunks under `chunk/<generation>/<index>`): sled rewrote the
 //! tree's nodes around them as blobs of 7-9 MB, twice the snapshot's bytes in all, and
 //! flushed them at once. Such a snapshot is still read; the next write replaces it and
 //! removes its chunks (docs/storage.md, decision 029).
@@ -23,6 +23,7 @@ use openraft::StorageIOError;
 use serde::{Deserialize, Serialize};
 
 use crate::codec;
+use crate::raft::snapshot::intake::SNAPSHOT_BYTES_MAX;
 use crate::raft::{SnapshotMeta, StorageError};
 use crate::storage::layout::SNAPSHOT_DIR;
 use crate::storage::sled_disk::SledDisk;
@@ -146,8 +147,8 @@ impl SnapshotStore {
         read(&self.inner.tree, &self.inner.files)
     }
 
-    /// The current snapshot, if any, read between writes (a write that removes the chunks
-    /// being read cannot come in between), off the async runtime.
+    /// The current snapshot, if any, read between writes (a write that removes the file or
+    /// chunks being read cannot come in between), off the async runtime.
     ///
     /// # Errors
     /// As [`read`].
@@ -246,9 +247,18 @@ pub(crate) fn read(
     tree: &sled::Tree,
     files: &Path,
 ) -> Result<Option<StoredSnapshot>, StateStoreError> {
-    match read_named(files, || read_record(tree, FILE_RECORD_KEY))? {
-        Some(stored) => Ok(Some(stored)),
-        None => read_chunked(tree),
+    let named = || read_record(tree, FILE_RECORD_KEY);
+    if let Some(stored) = read_named(files, named)? {
+        return Ok(Some(stored));
+    }
+    match read_chunked(tree) {
+        Ok(Some(stored)) => Ok(Some(stored)),
+        // The one write that moves a snapshot from chunks to a file may have removed them
+        // since the file's record was looked for: it is there now.
+        other => match read_named(files, named)? {
+            Some(stored) => Ok(Some(stored)),
+            None => other,
+        },
     }
 }
 
@@ -267,7 +277,7 @@ fn read_named(
             return Ok(None);
         };
         let path = file_path(files, record.generation);
-        let file = match File::open(&path) {
+        let file = match open_regular(&path) {
             Ok(file) => file,
             Err(e) if e.kind() == io::ErrorKind::NotFound && missing != Some(record.generation) => {
                 missing = Some(record.generation);
@@ -284,8 +294,17 @@ fn read_named(
     }
 }
 
-/// The bytes of `file` (at `path`), which must be `expected_bytes` long: the length is read
-/// from disk, so it sizes nothing until the file really has it.
+/// Opens `path` if it is a regular file (a FIFO put in its place would block the open).
+fn open_regular(path: &Path) -> io::Result<File> {
+    if !fs::metadata(path)?.is_file() {
+        return Err(io::Error::other("not a regular file"));
+    }
+    File::open(path)
+}
+
+/// The bytes of `file` (at `path`), which must be `expected_bytes` long and within
+/// [`SNAPSHOT_BYTES_MAX`]: the length is read from disk, so it sizes nothing until the file
+/// really has it, and a sparse file of any length sizes nothing past the bound.
 fn read_file(mut file: File, path: &Path, expected_bytes: u64) -> Result<Vec<u8>, StateStoreError> {
     let found_bytes = file
         .metadata()
@@ -293,6 +312,11 @@ fn read_file(mut file: File, path: &Path, expected_bytes: u64) -> Result<Vec<u8>
         .len();
     if found_bytes != expected_bytes {
         let reason = format!("{found_bytes} bytes, its record says {expected_bytes}");
+        return Err(file_error(path, "length", reason));
+    }
+    if found_bytes > SNAPSHOT_BYTES_MAX {
+        let reason =
+            format!("{found_bytes} bytes, over the {SNAPSHOT_BYTES_MAX} a snapshot may have");
         return Err(file_error(path, "length", reason));
     }
     let mut data = Vec::with_capacity(usize::try_from(found_bytes).unwrap_or(0));
@@ -376,7 +400,11 @@ pub(crate) fn write(
         tree.remove(key?)?;
     }
     disk.flush_to_disk()?;
-    remove_files_except(files, generation)?;
+    // The snapshot is stored: a leftover that cannot be removed now is tried again by the
+    // next write, and does not fail this one.
+    if let Err(e) = remove_files_except(files, generation) {
+        tracing::warn!(error = %e, "snapshot stored; older snapshot files left in place");
+    }
     Ok(true)
 }
 
@@ -415,6 +443,9 @@ fn remove_files_except(files: &Path, keep: u64) -> Result<(), StateStoreError> {
     let mut removed = false;
     for entry in entries {
         let entry = entry.map_err(|e| file_error(files, "list", e))?;
+        if !entry.file_type().is_ok_and(|kind| kind.is_file()) {
+            continue;
+        }
         let name = entry.file_name();
         let name = name.to_string_lossy();
         let generation = name
