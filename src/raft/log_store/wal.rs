@@ -215,18 +215,25 @@ impl Drop for Wal {
     }
 }
 
-/// A file of `bytes` zeros, fsynced, opened for reading and writing. The zeros are flushed
-/// a step at a time ([`crate::storage::write_in_flushed_steps`]): the nodes roll their
-/// segments at the same index, and three segments zeroed in one flush each held every
-/// node's appends.
-fn zeroed_file(path: &Path, bytes: u64) -> io::Result<File> {
+/// A file of `bytes` zeros, fsynced, opened for reading and writing.
+///
+/// Made ahead (`paced`), the zeros are flushed a step at a time
+/// ([`crate::storage::write_in_flushed_steps`]): the nodes roll their segments at the same
+/// index, and three segments zeroed in one flush each held every node's appends. Made in
+/// line, an append is already waiting for it, and one flush makes it soonest (24 ms for
+/// 16 MiB here, against 50-60 ms in steps).
+fn zeroed_file(path: &Path, bytes: u64, paced: bool) -> io::Result<File> {
     let file = OpenOptions::new()
         .read(true)
         .write(true)
         .create(true)
         .truncate(true)
         .open(path)?;
-    crate::storage::write_in_flushed_steps(&file, bytes, write_zeros)?;
+    if paced {
+        crate::storage::write_in_flushed_steps(&file, bytes, write_zeros)?;
+    } else {
+        write_zeros(&file, 0, bytes)?;
+    }
     file.sync_all()?;
     Ok(file)
 }
@@ -463,7 +470,7 @@ impl Wal {
             }
             None => {
                 let staging = self.dir.join(format!("{}.tmp", segment_name(first_index)));
-                let file = zeroed_file(&staging, self.segment_bytes)
+                let file = zeroed_file(&staging, self.segment_bytes, false)
                     .map_err(|e| io_error(&staging, "create", e))?;
                 fs::rename(&staging, &path).map_err(|e| io_error(&path, "rename", e))?;
                 file
@@ -512,7 +519,7 @@ impl Wal {
         let made = std::thread::Builder::new()
             .name("raft-log-spare".to_owned())
             .spawn(move || {
-                zeroed_file(&staging, bytes)?;
+                zeroed_file(&staging, bytes, true)?;
                 fs::rename(&staging, &ready)?;
                 Ok(ready)
             });
