@@ -81,7 +81,8 @@ pub enum StartError {
     LogStore(#[from] crate::raft::log_store::LogStoreError),
     #[error("sled store {path}: {reason}")]
     Sled { path: String, reason: String },
-    /// The snapshot in `state.sled` does not read, or does not fit the log.
+    /// The snapshot (its record in `state.sled`, its file in `snapshot/`) does not read, or
+    /// does not fit the log.
     #[error("state machine, from the snapshot in {path} (sled tree `snapshots`): {reason}")]
     State { path: String, reason: String },
     #[error("local engine: {0}")]

@@ -248,18 +248,28 @@ pub(crate) fn read(
     files: &Path,
 ) -> Result<Option<StoredSnapshot>, StateStoreError> {
     let named = || read_record(tree, FILE_RECORD_KEY);
-    if let Some(stored) = read_named(files, named)? {
-        return Ok(Some(stored));
+    if !chunks_are_newer(tree)? {
+        return read_named(files, named);
     }
     match read_chunked(tree) {
         Ok(Some(stored)) => Ok(Some(stored)),
         // The one write that moves a snapshot from chunks to a file may have removed them
-        // since the file's record was looked for: it is there now.
+        // since the records were read: the file's record is there now.
         other => match read_named(files, named)? {
             Some(stored) => Ok(Some(stored)),
             None => other,
         },
     }
+}
+
+/// Whether the chunks' record is the snapshot to read: there is one, and no file record
+/// covers as much of the log (a node downgraded after the upgrade stored chunks again).
+fn chunks_are_newer(tree: &sled::Tree) -> Result<bool, StateStoreError> {
+    let Some(chunked) = read_record(tree, CHUNKED_RECORD_KEY)? else {
+        return Ok(false);
+    };
+    let file = read_record(tree, FILE_RECORD_KEY)?;
+    Ok(file.is_none_or(|file| chunked.meta.last_log_id > file.meta.last_log_id))
 }
 
 /// The snapshot whose file the record from `record` names, if there is a record.
@@ -319,7 +329,10 @@ fn read_file(mut file: File, path: &Path, expected_bytes: u64) -> Result<Vec<u8>
             format!("{found_bytes} bytes, over the {SNAPSHOT_BYTES_MAX} a snapshot may have");
         return Err(file_error(path, "length", reason));
     }
-    let mut data = Vec::with_capacity(usize::try_from(found_bytes).unwrap_or(0));
+    let mut data = Vec::new();
+    let capacity = usize::try_from(found_bytes).unwrap_or(usize::MAX);
+    data.try_reserve_exact(capacity)
+        .map_err(|e| file_error(path, "read", e))?;
     file.read_to_end(&mut data)
         .map_err(|e| file_error(path, "read", e))?;
     if data.len() as u64 != expected_bytes {
@@ -375,17 +388,29 @@ pub(crate) fn write(
     meta: &SnapshotMeta,
     data: &[u8],
 ) -> Result<bool, StateStoreError> {
-    let previous = match read_record(tree, FILE_RECORD_KEY)? {
-        Some(record) => Some(record),
-        None => read_record(tree, CHUNKED_RECORD_KEY)?,
-    };
-    if previous
-        .as_ref()
-        .is_some_and(|record| record.meta.last_log_id > meta.last_log_id)
-    {
+    if data.len() as u64 > SNAPSHOT_BYTES_MAX {
+        // Refused here rather than at the next start, where it would not read back.
+        let reason = format!(
+            "{} bytes, over the {SNAPSHOT_BYTES_MAX} a snapshot may have",
+            data.len()
+        );
+        return Err(file_error(files, "length", reason));
+    }
+    let (file, chunked) = (
+        read_record(tree, FILE_RECORD_KEY)?,
+        read_record(tree, CHUNKED_RECORD_KEY)?,
+    );
+    let covered = |record: &Option<CurrentRecord>| record.as_ref().map(|r| r.meta.last_log_id);
+    if covered(&file).max(covered(&chunked)).flatten() > meta.last_log_id {
         return Ok(false);
     }
-    let generation = previous.map_or(0, |record| record.generation.wrapping_add(1));
+    // Past both records' generations: no file a record may still name is written over.
+    let generation = [&file, &chunked]
+        .into_iter()
+        .flatten()
+        .map(|record| record.generation.wrapping_add(1))
+        .max()
+        .unwrap_or(0);
     write_file(files, generation, data)?;
     let record = CurrentRecord {
         meta: meta.clone(),
@@ -437,9 +462,11 @@ fn write_file(files: &Path, generation: u64, data: &[u8]) -> Result<(), StateSto
 }
 
 /// Removes every snapshot file (and staging file) of a generation other than `keep`: the
-/// snapshots before, and what a crash in the middle of a write left.
+/// snapshots before, and what a crash in the middle of a write left. One that cannot be
+/// removed does not keep the others; the first error is returned after.
 fn remove_files_except(files: &Path, keep: u64) -> Result<(), StateStoreError> {
     let entries = fs::read_dir(files).map_err(|e| file_error(files, "list", e))?;
+    let mut first_error = None;
     let mut removed = false;
     for entry in entries {
         let entry = entry.map_err(|e| file_error(files, "list", e))?;
@@ -455,14 +482,18 @@ fn remove_files_except(files: &Path, keep: u64) -> Result<(), StateStoreError> {
         if generation.is_some_and(|generation| generation != keep) || name.ends_with(STAGING_SUFFIX)
         {
             let path = entry.path();
-            fs::remove_file(&path).map_err(|e| file_error(&path, "remove", e))?;
-            removed = true;
+            match fs::remove_file(&path) {
+                Ok(()) => removed = true,
+                Err(e) => {
+                    first_error.get_or_insert(file_error(&path, "remove", e));
+                }
+            }
         }
     }
     if removed {
         sync_dir(files).map_err(|e| file_error(files, "fsync", e))?;
     }
-    Ok(())
+    first_error.map_or(Ok(()), Err)
 }
 
 #[cfg(test)]
@@ -533,9 +564,9 @@ mod tests {
         let (_dir, db, tree) = open();
         let files = files_dir(&db);
         write(&tree, &db, &files, &meta("a"), &[7u8; 100]).expect("write");
-        // A crash in the middle of the next write leaves files nobody names.
-        fs::write(files.join("1.snapshot.tmp"), b"torn").expect("leftover");
-        fs::write(files.join("1.snapshot"), b"torn").expect("leftover");
+        // Crashes in the middle of writes leave files nobody names.
+        fs::write(files.join("7.snapshot.tmp"), b"torn").expect("leftover");
+        fs::write(files.join("9.snapshot"), b"torn").expect("leftover");
         assert_eq!(
             read(&tree, &files).expect("read").expect("a snapshot").data,
             [7u8; 100]
@@ -557,6 +588,21 @@ mod tests {
         refused("99 bytes, its record says 100");
         fs::remove_file(&path).expect("remove");
         refused("open");
+        fs::create_dir(&path).expect("a directory in its place");
+        refused("not a regular file");
+        fs::remove_dir(&path).expect("remove");
+        // A sparse file as long as a forged record says, past what a snapshot may have.
+        let forged = CurrentRecord {
+            meta: meta("a"),
+            generation: 0,
+            len_bytes: SNAPSHOT_BYTES_MAX + 1,
+        };
+        tree.insert(FILE_RECORD_KEY, codec::encode(&forged).expect("encode"))
+            .expect("record");
+        File::create(&path)
+            .and_then(|file| file.set_len(SNAPSHOT_BYTES_MAX + 1))
+            .expect("a sparse file");
+        refused("over the");
 
         write(&tree, &db, &files, &meta("b"), b"b").expect("write");
         assert_eq!(file_names(&db), ["1.snapshot"], "the leftovers are gone");
@@ -609,6 +655,42 @@ mod tests {
         assert_eq!(
             (stored.meta.snapshot_id.as_str(), &stored.data[..]),
             ("file", &b"file"[..])
+        );
+    }
+
+    /// A node downgraded after the upgrade stores chunks again (the older binary knows no
+    /// file record): the newer of the two records is read, and the next write goes past
+    /// both records' generations.
+    #[test]
+    fn chunks_newer_than_the_file_are_read_and_replaced() {
+        let (_dir, db, tree) = open();
+        let files = files_dir(&db);
+        let at = |index: u64, id: &str| SnapshotMeta {
+            last_log_id: Some(openraft::LogId::new(
+                openraft::CommittedLeaderId::new(1, 1),
+                index,
+            )),
+            ..meta(id)
+        };
+        write(&tree, &db, &files, &at(10, "file"), b"file").expect("write");
+        write(&tree, &db, &files, &at(11, "file"), b"file").expect("write");
+        let record = CurrentRecord {
+            meta: at(20, "chunks"),
+            generation: 0,
+            len_bytes: 6,
+        };
+        tree.insert(CHUNKED_RECORD_KEY, codec::encode(&record).expect("encode"))
+            .expect("record");
+        tree.insert(chunk_key(0, 0), &b"chunks"[..]).expect("chunk");
+        let stored = read(&tree, &files).expect("read").expect("a snapshot");
+        assert_eq!(stored.data, b"chunks");
+        assert!(!write(&tree, &db, &files, &at(15, "older"), b"older").expect("write"));
+
+        assert!(write(&tree, &db, &files, &at(30, "new"), b"new").expect("write"));
+        assert_eq!(file_names(&db), ["2.snapshot"], "past generation 1's file");
+        assert_eq!(
+            read(&tree, &files).expect("read").expect("a snapshot").data,
+            b"new"
         );
     }
 
