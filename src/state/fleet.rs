@@ -6,7 +6,7 @@
 //! No IO and no clock: time comes from the caller (the log entry's stamp).
 
 use std::borrow::Cow;
-use std::collections::{BTreeMap, BinaryHeap, HashMap};
+use std::collections::{BTreeMap, HashMap};
 use std::hash::Hash;
 use std::sync::Arc;
 
@@ -14,6 +14,9 @@ use serde::{Deserialize, Serialize};
 
 use super::model::{BucketKey, ClaimKey, ClaimRecord, EntityId, NodeId, TenantId};
 use super::shards::Sharded;
+use expiry::ExpiryQueue;
+
+mod expiry;
 
 /// What one stored claim costs in memory, about: its key and record, its map slot, its
 /// expiry entry and its share of the tenant counts, measured with typical ids
@@ -22,7 +25,7 @@ pub const CLAIM_BYTES_ESTIMATE: u64 = 430;
 /// What one stored bucket costs in memory, about, measured the same way.
 pub const BUCKET_BYTES_ESTIMATE: u64 = 290;
 
-/// Most expiry entries popped before they are swept (see [`FleetState::advance_clock`]):
+/// Most expiry entries taken before they are swept (see [`FleetState::advance_clock`]):
 /// a log entry's claims share a deadline, ~60 of them under load.
 const SWEEP_BATCH: usize = 256;
 
@@ -52,8 +55,9 @@ pub struct FleetState {
     // Sharded: growing one never pauses apply for a rehash of everything (see `shards`).
     buckets: Sharded<Arc<BucketKey>, Slot<u64>>,
     claims: Sharded<Arc<ClaimKey>, Slot<ClaimRecord>>,
-    /// Min-heap of (deadline, hash, item). Entries whose deadline is not the item's `queued_us`
-    /// are stale (the item was removed and re-inserted) and are dropped when popped.
+    /// (deadline, hash, item) by deadline ([`expiry`]). Entries whose deadline is not the
+    /// item's `queued_us` are stale (the item was removed and re-inserted) and are dropped
+    /// when taken.
     expiry: ExpiryQueue,
     /// The last absorb round applied per node (`Command::AbsorbRound`): one number per
     /// node that ever reconciled charges.
@@ -319,17 +323,17 @@ impl FleetState {
     /// leader's wall clock is behind the old one's.
     pub fn advance_clock(&mut self, now_us: u64) -> u64 {
         self.clock_us = self.clock_us.max(now_us);
-        // What is due is popped a batch at a time, then swept: each sweep's lookup is a cache
-        // miss or two in a large table, and lookups in a row, with no heap work between
+        // What is due is taken a batch at a time, then swept: each sweep's lookup is a cache
+        // miss or two in a large table, and lookups in a row, with no queue work between
         // them, overlap. (A sweep re-queues only at deadlines after the clock, never due in
         // this call.) Batches stay small, so a long jump of the clock costs no large buffer.
         let mut due_now = Vec::new();
         loop {
-            while let Some(due) = self.expiry.peek() {
-                if due.deadline_us > self.clock_us || due_now.len() == SWEEP_BATCH {
-                    break;
+            while due_now.len() < SWEEP_BATCH {
+                match self.expiry.pop_due(self.clock_us) {
+                    Some(due) => due_now.push(due),
+                    None => break,
                 }
-                due_now.extend(self.expiry.pop());
             }
             if due_now.is_empty() {
                 break;
@@ -501,12 +505,7 @@ impl FleetState {
     }
 }
 
-type ExpiryQueue = BinaryHeap<Due>;
-
-/// An entry of the expiry queue, ordered by its deadline alone, soonest first. Items due
-/// in the same microsecond are common (a log entry's claims share one): compared as
-/// `(deadline, item)` they would be told apart key by key, string by string, at every step
-/// of the heap. Their order changes nothing, since each is swept on its own.
+/// An entry of the expiry queue: an item and its deadline.
 ///
 /// It keeps the item's hash in its map: sweeping it then finds the item without hashing the
 /// key again, and (the queue holding the map's own `Arc` of the key) without reading the
@@ -518,30 +517,9 @@ struct Due {
     item: Expiring,
 }
 
-impl PartialEq for Due {
-    fn eq(&self, other: &Self) -> bool {
-        self.deadline_us == other.deadline_us
-    }
-}
-
-impl Eq for Due {}
-
-impl PartialOrd for Due {
-    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
-        Some(self.cmp(other))
-    }
-}
-
-impl Ord for Due {
-    /// Reversed: `BinaryHeap` pops the greatest, and the soonest deadline must come first.
-    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
-        other.deadline_us.cmp(&self.deadline_us)
-    }
-}
-
 /// Stores `value` under `key` (whose hash in `map` is `hash`); queues an expiry entry only
 /// for a new key or an earlier deadline (a later one is re-queued when the current entry
-/// pops, see [`sweep_one`]). A borrowed key is cloned only when it is new. Returns the key
+/// is taken, see [`sweep_one`]). A borrowed key is cloned only when it is new. Returns the key
 /// when it is new.
 fn store<K: Hash + Eq + Clone, V: Clone>(
     map: &mut Sharded<Arc<K>, Slot<V>>,
@@ -582,7 +560,7 @@ fn store<K: Hash + Eq + Clone, V: Clone>(
     }
 }
 
-/// Handles one popped expiry entry `(deadline, hash, key)`: drops the item if it expired
+/// Handles one expiry entry taken from the queue `(deadline, hash, key)`: drops the item if it expired
 /// by `clock_us`, re-queues it at its current deadline if it was extended, and ignores the
 /// entry if it is stale (the item is gone or another entry is responsible for it).
 /// Returns whether it dropped the item.

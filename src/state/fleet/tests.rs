@@ -1,25 +1,66 @@
 use super::*;
 use crate::state::model::{ClaimState, Kind};
 
-#[test]
-fn the_expiry_queue_pops_the_soonest_deadline_first_whatever_the_item() {
-    let claim = |key: &str| {
-        Expiring::Claim(Arc::new(ClaimKey {
+fn due(deadline_us: u64, key: &str) -> Due {
+    Due {
+        deadline_us,
+        hash: 0,
+        item: Expiring::Claim(Arc::new(ClaimKey {
             tenant: "t".into(),
             source_id: "s".into(),
             key: key.into(),
-        }))
-    };
-    let mut queue = ExpiryQueue::default();
-    for (deadline_us, key) in [(30, "a"), (10, "z"), (20, "m"), (10, "b")] {
-        queue.push(Due {
-            deadline_us,
-            hash: 0,
-            item: claim(key),
-        });
+        })),
     }
-    let order: Vec<u64> = std::iter::from_fn(|| queue.pop().map(|due| due.deadline_us)).collect();
-    assert_eq!(order, vec![10, 10, 20, 30]);
+}
+
+/// Everything due at the clock, `(deadline, key)` sorted (the queue's order inside one
+/// millisecond is none).
+fn take_due(queue: &mut ExpiryQueue, clock_us: u64) -> Vec<(u64, String)> {
+    let mut taken: Vec<(u64, String)> = std::iter::from_fn(|| queue.pop_due(clock_us))
+        .map(|due| match due.item {
+            Expiring::Claim(key) => (due.deadline_us, key.key.to_string()),
+            Expiring::Bucket(_) => unreachable!("only claims queued here"),
+        })
+        .collect();
+    taken.sort();
+    taken
+}
+
+#[test]
+fn the_expiry_queue_gives_what_is_due_at_the_clock_and_nothing_later() {
+    let mut queue = ExpiryQueue::default();
+    // Two milliseconds, the second only partly due at the clocks below.
+    for (deadline_us, key) in [
+        (2_500, "c"),
+        (1_010, "z"),
+        (2_001, "m"),
+        (1_999, "b"),
+        (2_999, "e"),
+    ] {
+        queue.push(due(deadline_us, key));
+    }
+    assert_eq!(take_due(&mut queue, 999), []);
+    let owned = |taken: &[(u64, &str)]| -> Vec<(u64, String)> {
+        taken
+            .iter()
+            .map(|(at, key)| (*at, key.to_string()))
+            .collect()
+    };
+    assert_eq!(
+        take_due(&mut queue, 1_999),
+        owned(&[(1_010, "z"), (1_999, "b")])
+    );
+    assert_eq!(
+        take_due(&mut queue, 2_500),
+        owned(&[(2_001, "m"), (2_500, "c")])
+    );
+    assert_eq!(take_due(&mut queue, 2_998), []);
+    queue.push(due(1_500, "late"));
+    assert_eq!(
+        take_due(&mut queue, 3_000),
+        owned(&[(1_500, "late"), (2_999, "e")])
+    );
+    assert_eq!(take_due(&mut queue, u64::MAX), []);
 }
 
 /// The digest follows the live content, not the order items came in, and expired items
