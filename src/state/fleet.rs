@@ -55,7 +55,7 @@ pub struct FleetState {
     // Sharded: growing one never pauses apply for a rehash of everything (see `shards`).
     buckets: Sharded<Arc<BucketKey>, Slot<u64>>,
     claims: Sharded<Arc<ClaimKey>, Slot<ClaimRecord>>,
-    /// (deadline, hash, item) by deadline ([`expiry`]). Entries whose deadline is not the
+    /// (deadline, hash, item), soonest first ([`expiry`]). Entries whose deadline is not the
     /// item's `queued_us` are stale (the item was removed and re-inserted) and are dropped
     /// when taken.
     expiry: ExpiryQueue,

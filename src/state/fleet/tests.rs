@@ -13,54 +13,46 @@ fn due(deadline_us: u64, key: &str) -> Due {
     }
 }
 
-/// Everything due at the clock, `(deadline, key)` sorted (the queue's order inside one
-/// millisecond is none).
-fn take_due(queue: &mut ExpiryQueue, clock_us: u64) -> Vec<(u64, String)> {
-    let mut taken: Vec<(u64, String)> = std::iter::from_fn(|| queue.pop_due(clock_us))
-        .map(|due| match due.item {
-            Expiring::Claim(key) => (due.deadline_us, key.key.to_string()),
-            Expiring::Bucket(_) => unreachable!("only claims queued here"),
-        })
-        .collect();
-    taken.sort();
-    taken
-}
-
+/// The queue against a sorted list of the same deadlines: each take gives exactly the
+/// entries due at the clock, soonest first, while it grows past several chunks and shrinks.
 #[test]
-fn the_expiry_queue_gives_what_is_due_at_the_clock_and_nothing_later() {
+fn the_expiry_queue_gives_what_is_due_soonest_first_and_nothing_later() {
     let mut queue = ExpiryQueue::default();
-    // Two milliseconds, the second only partly due at the clocks below.
-    for (deadline_us, key) in [
-        (2_500, "c"),
-        (1_010, "z"),
-        (2_001, "m"),
-        (1_999, "b"),
-        (2_999, "e"),
-    ] {
-        queue.push(due(deadline_us, key));
-    }
-    assert_eq!(take_due(&mut queue, 999), []);
-    let owned = |taken: &[(u64, &str)]| -> Vec<(u64, String)> {
-        taken
-            .iter()
-            .map(|(at, key)| (*at, key.to_string()))
-            .collect()
+    let mut model: Vec<u64> = Vec::new();
+    let mut seed = 0x9e37_79b9_7f4a_7c15_u64;
+    let mut random = move || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed
     };
+    let mut clock = 0;
+    // 14 rounds of 1,000 pushes and takes at a clock 700 later: the queue holds 10,766
+    // entries (into its third chunk of 4,096) at its largest, then the last takes empty it.
+    for round in 0..20_u64 {
+        let pushes = if round < 14 { 1_000 } else { 0 };
+        for _ in 0..pushes {
+            let deadline = clock + random() % 20_000;
+            queue.push(due(deadline, "k"));
+            model.push(deadline);
+        }
+        clock += if round < 14 { 700 } else { 4_000 };
+        model.sort_unstable();
+        let due_now = model.partition_point(|deadline| *deadline <= clock);
+        let taken: Vec<u64> =
+            std::iter::from_fn(|| queue.pop_due(clock).map(|due| due.deadline_us)).collect();
+        assert_eq!(taken, model[..due_now], "round {round}, clock {clock}");
+        model.drain(..due_now);
+    }
+    assert!(model.is_empty());
+    assert!(queue.pop_due(u64::MAX).is_none());
+
+    queue.push(due(u64::MAX, "last"));
+    assert!(queue.pop_due(u64::MAX - 1).is_none());
     assert_eq!(
-        take_due(&mut queue, 1_999),
-        owned(&[(1_010, "z"), (1_999, "b")])
+        queue.pop_due(u64::MAX).map(|due| due.deadline_us),
+        Some(u64::MAX)
     );
-    assert_eq!(
-        take_due(&mut queue, 2_500),
-        owned(&[(2_001, "m"), (2_500, "c")])
-    );
-    assert_eq!(take_due(&mut queue, 2_998), []);
-    queue.push(due(1_500, "late"));
-    assert_eq!(
-        take_due(&mut queue, 3_000),
-        owned(&[(1_500, "late"), (2_999, "e")])
-    );
-    assert_eq!(take_due(&mut queue, u64::MAX), []);
 }
 
 /// The digest follows the live content, not the order items came in, and expired items
