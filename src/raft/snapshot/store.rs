@@ -515,6 +515,11 @@ mod tests {
         }
     }
 
+    /// The stored snapshot, which must be there.
+    fn current(tree: &sled::Tree, files: &Path) -> StoredSnapshot {
+        read(tree, files).expect("read").expect("a snapshot")
+    }
+
     /// The files in the snapshot directory, by name.
     fn file_names(db: &SledDisk) -> Vec<String> {
         let mut names: Vec<String> = fs::read_dir(files_dir(db))
@@ -548,13 +553,13 @@ mod tests {
         let big: Vec<u8> = (0..step * 2 + 5).map(|i| (i % 251) as u8).collect();
         assert!(write(&tree, &db, &files, &meta("a"), &big).expect("write"));
         assert_eq!(file_names(&db), ["0.snapshot"]);
-        let stored = read(&tree, &files).expect("read").expect("a snapshot");
+        let stored = current(&tree, &files);
         assert_eq!(stored.meta.snapshot_id, "a");
         assert_eq!(stored.data, big);
 
         assert!(write(&tree, &db, &files, &meta("b"), b"small").expect("write"));
         assert_eq!(file_names(&db), ["1.snapshot"], "the older file is gone");
-        let stored = read(&tree, &files).expect("read").expect("a snapshot");
+        let stored = current(&tree, &files);
         assert_eq!(stored.meta.snapshot_id, "b");
         assert_eq!(stored.data, b"small");
     }
@@ -567,10 +572,7 @@ mod tests {
         // Crashes in the middle of writes leave files nobody names.
         fs::write(files.join("7.snapshot.tmp"), b"torn").expect("leftover");
         fs::write(files.join("9.snapshot"), b"torn").expect("leftover");
-        assert_eq!(
-            read(&tree, &files).expect("read").expect("a snapshot").data,
-            [7u8; 100]
-        );
+        assert_eq!(current(&tree, &files).data, [7u8; 100]);
 
         let path = files.join("0.snapshot");
         let refused = |expected: &str| match read(&tree, &files) {
@@ -606,10 +608,7 @@ mod tests {
 
         write(&tree, &db, &files, &meta("b"), b"b").expect("write");
         assert_eq!(file_names(&db), ["1.snapshot"], "the leftovers are gone");
-        assert_eq!(
-            read(&tree, &files).expect("read").expect("a snapshot").data,
-            b"b"
-        );
+        assert_eq!(current(&tree, &files).data, b"b");
     }
 
     /// A data dir from before the snapshot's file: its chunks are read, a missing one is
@@ -628,7 +627,7 @@ mod tests {
         tree.insert(chunk_key(4, 0), &b"chu"[..]).expect("chunk");
         tree.insert(chunk_key(4, 1), &b"nked"[..]).expect("chunk");
         tree.insert(chunk_key(3, 0), &b"old"[..]).expect("leftover");
-        let stored = read(&tree, &files).expect("read").expect("a snapshot");
+        let stored = current(&tree, &files);
         assert_eq!(
             (stored.meta.snapshot_id.as_str(), &stored.data[..]),
             ("chunked", &b"chunked"[..])
@@ -651,7 +650,7 @@ mod tests {
         );
         assert!(tree.get(CHUNKED_RECORD_KEY).expect("get").is_none());
         assert_eq!(file_names(&db), ["5.snapshot"]);
-        let stored = read(&tree, &files).expect("read").expect("a snapshot");
+        let stored = current(&tree, &files);
         assert_eq!(
             (stored.meta.snapshot_id.as_str(), &stored.data[..]),
             ("file", &b"file"[..])
@@ -682,16 +681,13 @@ mod tests {
         tree.insert(CHUNKED_RECORD_KEY, codec::encode(&record).expect("encode"))
             .expect("record");
         tree.insert(chunk_key(0, 0), &b"chunks"[..]).expect("chunk");
-        let stored = read(&tree, &files).expect("read").expect("a snapshot");
+        let stored = current(&tree, &files);
         assert_eq!(stored.data, b"chunks");
         assert!(!write(&tree, &db, &files, &at(15, "older"), b"older").expect("write"));
 
         assert!(write(&tree, &db, &files, &at(30, "new"), b"new").expect("write"));
         assert_eq!(file_names(&db), ["2.snapshot"], "past generation 1's file");
-        assert_eq!(
-            read(&tree, &files).expect("read").expect("a snapshot").data,
-            b"new"
-        );
+        assert_eq!(current(&tree, &files).data, b"new");
     }
 
     /// A reader that does not take turns with writes (openraft's `get_current_snapshot`):
