@@ -3,7 +3,7 @@
 //! A binary min-heap by deadline, kept in fixed chunks of [`CHUNK`] entries rather than one
 //! array. A heap in one array grows by doubling it: past 500k entries that copy held apply
 //! on every node at once for 9-13 ms (docs/benchmarks.md, round 18), and each doubling
-//! after takes twice as long. Here growing adds one chunk, and nothing is ever copied; an
+//! after takes twice as long. Here growing adds one chunk, and no entry is copied; an
 //! entry costs what it did in the array.
 
 use super::Due;

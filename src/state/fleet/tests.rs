@@ -47,6 +47,22 @@ fn the_expiry_queue_gives_what_is_due_soonest_first_and_nothing_later() {
     assert!(model.is_empty());
     assert!(queue.pop_due(u64::MAX).is_none());
 
+    // Across the first chunk's end and back: 4,097 entries, down to 4,095, up to 4,098.
+    for deadline in (0..4_097).rev() {
+        queue.push(due(deadline, "k"));
+    }
+    let first: Vec<u64> =
+        std::iter::from_fn(|| queue.pop_due(1).map(|due| due.deadline_us)).collect();
+    assert_eq!(first, [0, 1]);
+    for deadline in [5_000, 2, 4_096] {
+        queue.push(due(deadline, "k"));
+    }
+    let all: Vec<u64> =
+        std::iter::from_fn(|| queue.pop_due(u64::MAX).map(|due| due.deadline_us)).collect();
+    let mut expected: Vec<u64> = (2..4_097).chain([2, 4_096, 5_000]).collect();
+    expected.sort_unstable();
+    assert_eq!(all, expected);
+
     queue.push(due(u64::MAX, "last"));
     assert!(queue.pop_due(u64::MAX - 1).is_none());
     assert_eq!(
