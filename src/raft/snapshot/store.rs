@@ -24,7 +24,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::codec;
 use crate::raft::snapshot::intake::SNAPSHOT_BYTES_MAX;
-use crate::raft::{SnapshotMeta, StorageError};
+use crate::raft::{LogId, SnapshotMeta, StorageError};
 use crate::storage::layout::SNAPSHOT_DIR;
 use crate::storage::sled_disk::SledDisk;
 use crate::storage::{create_private_dir, parent_dir, sync_dir, write_in_flushed_steps};
@@ -248,7 +248,7 @@ pub(crate) fn read(
     files: &Path,
 ) -> Result<Option<StoredSnapshot>, StateStoreError> {
     let named = || read_record(tree, FILE_RECORD_KEY);
-    if !chunks_are_newer(tree)? {
+    if !Records::read(tree)?.chunks_are_newer() {
         return read_named(files, named);
     }
     match read_chunked(tree) {
@@ -262,14 +262,57 @@ pub(crate) fn read(
     }
 }
 
-/// Whether the chunks' record is the snapshot to read: there is one, and no file record
-/// covers as much of the log (a node downgraded after the upgrade stored chunks again).
-fn chunks_are_newer(tree: &sled::Tree) -> Result<bool, StateStoreError> {
-    let Some(chunked) = read_record(tree, CHUNKED_RECORD_KEY)? else {
-        return Ok(false);
-    };
-    let file = read_record(tree, FILE_RECORD_KEY)?;
-    Ok(file.is_none_or(|file| chunked.meta.last_log_id > file.meta.last_log_id))
+/// Both records as stored: the file's and the chunks' of the layout before (a node
+/// downgraded after the upgrade stores chunks again, beside the file's record).
+struct Records {
+    file: Option<CurrentRecord>,
+    chunked: Option<CurrentRecord>,
+}
+
+impl Records {
+    fn read(tree: &sled::Tree) -> Result<Self, StateStoreError> {
+        Ok(Self {
+            file: read_record(tree, FILE_RECORD_KEY)?,
+            chunked: read_record(tree, CHUNKED_RECORD_KEY)?,
+        })
+    }
+
+    /// Whether the chunks' record is the snapshot to read: there is one, and no file
+    /// record covers as much of the log.
+    fn chunks_are_newer(&self) -> bool {
+        self.chunked.as_ref().is_some_and(|chunked| {
+            (self.file.as_ref()).is_none_or(|file| chunked.meta.last_log_id > file.meta.last_log_id)
+        })
+    }
+
+    /// The log covered by the snapshot to read, if there is one.
+    fn covered(&self) -> Option<Option<LogId>> {
+        let newest = if self.chunks_are_newer() {
+            &self.chunked
+        } else {
+            &self.file
+        };
+        newest.as_ref().map(|record| record.meta.last_log_id)
+    }
+
+    /// A generation past both records': no file a record may still name is written over.
+    fn next_generation(&self) -> u64 {
+        [&self.file, &self.chunked]
+            .into_iter()
+            .flatten()
+            .map(|record| record.generation.wrapping_add(1))
+            .max()
+            .unwrap_or(0)
+    }
+}
+
+/// Refuses a snapshot of `bytes` over [`SNAPSHOT_BYTES_MAX`], naming `path`.
+fn within_bound(path: &Path, bytes: u64) -> Result<(), StateStoreError> {
+    if bytes > SNAPSHOT_BYTES_MAX {
+        let reason = format!("{bytes} bytes, over the {SNAPSHOT_BYTES_MAX} a snapshot may have");
+        return Err(file_error(path, "length", reason));
+    }
+    Ok(())
 }
 
 /// The snapshot whose file the record from `record` names, if there is a record.
@@ -324,11 +367,7 @@ fn read_file(mut file: File, path: &Path, expected_bytes: u64) -> Result<Vec<u8>
         let reason = format!("{found_bytes} bytes, its record says {expected_bytes}");
         return Err(file_error(path, "length", reason));
     }
-    if found_bytes > SNAPSHOT_BYTES_MAX {
-        let reason =
-            format!("{found_bytes} bytes, over the {SNAPSHOT_BYTES_MAX} a snapshot may have");
-        return Err(file_error(path, "length", reason));
-    }
+    within_bound(path, found_bytes)?;
     let mut data = Vec::new();
     let capacity = usize::try_from(found_bytes).unwrap_or(usize::MAX);
     data.try_reserve_exact(capacity)
@@ -388,29 +427,13 @@ pub(crate) fn write(
     meta: &SnapshotMeta,
     data: &[u8],
 ) -> Result<bool, StateStoreError> {
-    if data.len() as u64 > SNAPSHOT_BYTES_MAX {
-        // Refused here rather than at the next start, where it would not read back.
-        let reason = format!(
-            "{} bytes, over the {SNAPSHOT_BYTES_MAX} a snapshot may have",
-            data.len()
-        );
-        return Err(file_error(files, "length", reason));
-    }
-    let (file, chunked) = (
-        read_record(tree, FILE_RECORD_KEY)?,
-        read_record(tree, CHUNKED_RECORD_KEY)?,
-    );
-    let covered = |record: &Option<CurrentRecord>| record.as_ref().map(|r| r.meta.last_log_id);
-    if covered(&file).max(covered(&chunked)).flatten() > meta.last_log_id {
+    // Refused here rather than at the next start, where it would not read back.
+    within_bound(files, data.len() as u64)?;
+    let records = Records::read(tree)?;
+    if records.covered().flatten() > meta.last_log_id {
         return Ok(false);
     }
-    // Past both records' generations: no file a record may still name is written over.
-    let generation = [&file, &chunked]
-        .into_iter()
-        .flatten()
-        .map(|record| record.generation.wrapping_add(1))
-        .max()
-        .unwrap_or(0);
+    let generation = records.next_generation();
     write_file(files, generation, data)?;
     let record = CurrentRecord {
         meta: meta.clone(),
