@@ -347,12 +347,19 @@ fn read_named(
     }
 }
 
-/// Opens `path` if it is a regular file (a FIFO put in its place would block the open).
+/// Opens `path` if it is a regular file. The open does not block (a FIFO put in its place
+/// would block a plain open until something writes to it) and the type is read from the
+/// opened file, so nothing can be swapped in between the check and the open.
 fn open_regular(path: &Path) -> io::Result<File> {
-    if !fs::metadata(path)?.is_file() {
+    use std::os::unix::fs::OpenOptionsExt;
+    let file = fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)?;
+    if !file.metadata()?.is_file() {
         return Err(io::Error::other("not a regular file"));
     }
-    File::open(path)
+    Ok(file)
 }
 
 /// The bytes of `file` (at `path`), which must be `expected_bytes` long and within
@@ -616,6 +623,12 @@ mod tests {
         fs::create_dir(&path).expect("a directory in its place");
         refused("not a regular file");
         fs::remove_dir(&path).expect("remove");
+        // A FIFO would block a plain open until something wrote to it.
+        let fifo = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).expect("path");
+        // SAFETY: `fifo` is a NUL-terminated path that outlives the call.
+        assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) }, 0, "mkfifo");
+        refused("not a regular file");
+        fs::remove_file(&path).expect("remove");
         // A sparse file as long as a forged record says, past what a snapshot may have.
         let forged = CurrentRecord {
             meta: meta("a"),
