@@ -68,18 +68,22 @@ pub struct FleetState {
     owned: OwnedCounts,
 }
 
+/// Items stored per owner, hashed as the state's maps are (a hit counts its tenant's
+/// claims twice and a new claim once more: std's SipHash was a percent of a node's CPU).
+type Counts<K> = HashMap<K, u64, foldhash::fast::RandomState>;
+
 /// How many items each tenant (claims) and each bucket owner (buckets) has stored.
 #[derive(Clone, Debug, Default)]
 struct OwnedCounts {
-    claims_by_tenant: HashMap<TenantId, u64>,
-    buckets_by_tenant: HashMap<TenantId, u64>,
-    buckets_by_entity: HashMap<EntityId, u64>,
-    buckets_by_domain: HashMap<Box<str>, u64>,
+    claims_by_tenant: Counts<TenantId>,
+    buckets_by_tenant: Counts<TenantId>,
+    buckets_by_entity: Counts<EntityId>,
+    buckets_by_domain: Counts<Box<str>>,
 }
 
 /// One more (`up`) or one fewer item for `owner`; an owner at zero is forgotten.
 fn count<K: Hash + Eq + Clone + std::borrow::Borrow<Q>, Q: Hash + Eq + ?Sized>(
-    map: &mut HashMap<K, u64>,
+    map: &mut Counts<K>,
     owner: &Q,
     make: impl FnOnce() -> K,
     up: bool,
@@ -223,8 +227,20 @@ impl FleetState {
 
     /// A claim, if it is live at the current clock.
     pub fn claim(&self, key: &ClaimKey) -> Option<&ClaimRecord> {
+        self.claim_hashed(self.claim_hash(key), key)
+    }
+
+    /// `key`'s hash in the claims map: a hit looks its claim up and then writes it
+    /// ([`FleetState::claim_hashed`], [`FleetState::set_claim_hashed`]) with one hash of
+    /// its three strings.
+    pub fn claim_hash(&self, key: &ClaimKey) -> u64 {
+        self.claims.hash_of(key)
+    }
+
+    /// [`FleetState::claim`] with `hash` from [`FleetState::claim_hash`].
+    pub fn claim_hashed(&self, hash: u64, key: &ClaimKey) -> Option<&ClaimRecord> {
         self.claims
-            .get(key)
+            .get_hashed(hash, key)
             .map(|slot| &slot.value)
             .filter(|record| record.expires_at_us > self.clock_us)
     }
@@ -397,11 +413,20 @@ impl FleetState {
 
     /// Sets a claim's record; a borrowed key is cloned only when the claim is new.
     pub(super) fn set_claim(&mut self, key: Cow<'_, ClaimKey>, record: ClaimRecord) {
+        let hash = self.claim_hash(&key);
+        self.set_claim_hashed(hash, key, record);
+    }
+
+    /// [`FleetState::set_claim`] with `hash` from [`FleetState::claim_hash`].
+    pub(super) fn set_claim_hashed(
+        &mut self,
+        hash: u64,
+        key: Cow<'_, ClaimKey>,
+        record: ClaimRecord,
+    ) {
         let expires_at_us = record.expires_at_us;
-        let claims = &mut self.claims;
-        let hash = claims.hash_of(&*key);
         if let Some(added) = store(
-            claims,
+            &mut self.claims,
             &mut self.expiry,
             hash,
             key,

@@ -270,8 +270,10 @@ fn hit(
         Ok(priced) => priced,
         Err(retry_after_ms) => return Ok(HitAnswer::RateLimited { retry_after_ms }),
     };
-    if let Some(claim) = claim {
-        if let Some(blocked) = claim_blocked(state, claim, now_us) {
+    // The claim's key is hashed once, for its lookup and its write.
+    let claim = claim.map(|claim| (claim, state.claim_hash(&claim.key)));
+    if let Some((claim, hash)) = claim {
+        if let Some(blocked) = blocked_by(state.claim_hashed(hash, &claim.key), claim, now_us) {
             return Ok(blocked);
         }
         room_for_claim(state, &claim.key, limits)?;
@@ -291,7 +293,7 @@ fn hit(
             priced.new_tat_us,
         );
     }
-    if let Some(claim) = claim {
+    if let Some((claim, hash)) = claim {
         let record = ClaimRecord {
             hook_id: claim.hook_id.clone(),
             node,
@@ -299,7 +301,7 @@ fn hit(
             expires_at_us: now_us.saturating_add(claim.pending_ttl_ms.saturating_mul(US_PER_MS)),
             ttl_ms: claim.ttl_ms,
         };
-        state.set_claim(Cow::Borrowed(&claim.key), record);
+        state.set_claim_hashed(hash, Cow::Borrowed(&claim.key), record);
     }
     Ok(HitAnswer::Allowed)
 }
@@ -308,7 +310,16 @@ fn hit(
 ///
 /// A retry of the same pending hook answers `Allowed` without charging or extending.
 pub fn claim_blocked(state: &FleetState, claim: &ClaimRequest, now_us: u64) -> Option<HitAnswer> {
-    let record = state.claim(&claim.key)?;
+    blocked_by(state.claim(&claim.key), claim, now_us)
+}
+
+/// [`claim_blocked`] with the live claim already looked up (`record`).
+fn blocked_by(
+    record: Option<&ClaimRecord>,
+    claim: &ClaimRequest,
+    now_us: u64,
+) -> Option<HitAnswer> {
+    let record = record?;
     Some(match record.state {
         ClaimState::Committed => HitAnswer::Duplicate {
             hook_id: record.hook_id.clone(),

@@ -91,6 +91,7 @@ impl<K: Hash + Eq + Clone, V: Clone> Sharded<K, V> {
         self.hasher.hash_one(key)
     }
 
+    #[cfg(test)]
     pub(super) fn get<Q>(&self, key: &Q) -> Option<&V>
     where
         K: Borrow<Q>,
@@ -99,7 +100,7 @@ impl<K: Hash + Eq + Clone, V: Clone> Sharded<K, V> {
         self.get_hashed(self.hash_of(key), key)
     }
 
-    /// [`Sharded::get`] with `hash` from [`Sharded::hash_of`].
+    /// The value of `key`, whose `hash` is from [`Sharded::hash_of`].
     pub(super) fn get_hashed<Q>(&self, hash: u64, key: &Q) -> Option<&V>
     where
         K: Borrow<Q>,
