@@ -365,63 +365,17 @@ impl NodeConfig {
         let api_addr = parse_addr("api_addr", &file.api_addr)?;
         let raft_addr = parse_addr("raft_addr", &file.raft_addr)?;
         validate_members(&file)?;
-        if file.peer_tls.is_none() && !raft_addr.ip().is_loopback() && !file.insecure_peer_traffic {
-            return Err(invalid(
-                "peer_tls",
-                format!(
-                    "raft_addr {raft_addr} is not a loopback address: set [peer_tls] (see \
-                     `ankusa-fleet certs`), or insecure_peer_traffic = true to let anyone who \
-                     reaches it rewrite this node's log"
-                ),
-            ));
-        }
+        check_peer_security(&file, raft_addr)?;
         check_edge_tls(&file, api_addr)?;
         let insecure_edge_api = file.insecure_edge_api && !edge_authenticated(&file);
-        let drain_timeout_ms = file.drain_timeout_ms.unwrap_or(Defaults::DRAIN_TIMEOUT_MS);
-        if drain_timeout_ms > DRAIN_TIMEOUT_MS_MAX {
-            return Err(invalid(
-                "drain_timeout_ms",
-                format!("must be at most {DRAIN_TIMEOUT_MS_MAX} (0: stop at once)"),
-            ));
-        }
-        let election_timeout_ms_min = file
-            .election_timeout_ms_min
-            .unwrap_or(Defaults::ELECTION_TIMEOUT_MS_MIN);
-        let election_timeout_ms_max = file
-            .election_timeout_ms_max
-            .unwrap_or(Defaults::ELECTION_TIMEOUT_MS_MAX);
-        let heartbeat_ms = file.heartbeat_ms.unwrap_or(Defaults::HEARTBEAT_MS);
-        if heartbeat_ms == 0 || heartbeat_ms >= election_timeout_ms_min {
-            return Err(invalid(
-                "heartbeat_ms",
-                "must be at least 1 and below election_timeout_ms_min",
-            ));
-        }
-        if election_timeout_ms_max <= election_timeout_ms_min {
-            return Err(invalid(
-                "election_timeout_ms_max",
-                "must be above election_timeout_ms_min",
-            ));
-        }
-        let timeout_ms = file.timeout_ms_default.unwrap_or(Defaults::TIMEOUT_MS);
-        if timeout_ms == 0 || timeout_ms > TIMEOUT_MS_MAX {
-            return Err(invalid("timeout_ms_default", "must be between 1 and 60000"));
-        }
-        let claim_ttl_ms_default = file.claim_ttl_ms_default.unwrap_or(Defaults::CLAIM_TTL_MS);
-        if claim_ttl_ms_default == 0 || claim_ttl_ms_default > crate::contract::TTL_MS_MAX {
-            return Err(invalid(
-                "claim_ttl_ms_default",
-                "must be between 1 ms and 30 days",
-            ));
-        }
+        let drain_timeout = drain_timeout(&file)?;
+        let timing = RaftTiming::of(&file)?;
+        let timeout_default = timeout_default(&file)?;
         let ceilings = ceilings(&file)?;
         let state_limits = state_limits(&file)?;
-        if claim_ttl_ms_default > ceilings.ttl_ms_max {
-            return Err(invalid(
-                "claim_ttl_ms_default",
-                format!("must be at most ttl_ms_max ({} ms)", ceilings.ttl_ms_max),
-            ));
-        }
+        let claim_ttl_ms_default = claim_ttl_ms_default(&file, &ceilings)?;
+        let max_clock_offset_ms = max_clock_offset_ms(&file)?;
+        let batch_commands_max = batch_commands_max(&file)?;
         let voters_max = file.voters_max.unwrap_or(Defaults::VOTERS_MAX);
         if voters_max == 0 {
             return Err(invalid("voters_max", "must be at least 1"));
@@ -438,39 +392,14 @@ impl NodeConfig {
             data_dir: file.data_dir,
             members: file.members,
             cluster_id,
-            timeout_default: Duration::from_millis(u64::from(timeout_ms)),
+            timeout_default,
             claim_ttl_ms_default,
             voters_max,
-            heartbeat_ms,
-            election_timeout_ms_min,
-            election_timeout_ms_max,
-            max_clock_offset_ms: match count_max(
-                "max_clock_offset_ms",
-                file.max_clock_offset_ms,
-                Defaults::MAX_CLOCK_OFFSET_MS,
-            )? {
-                n if n > MAX_CLOCK_OFFSET_MS_MAX => {
-                    return Err(invalid(
-                        "max_clock_offset_ms",
-                        format!("must be at most {MAX_CLOCK_OFFSET_MS_MAX}"),
-                    ))
-                }
-                n => n,
-            },
-            batch_commands_max: match positive(
-                "batch_commands_max",
-                file.batch_commands_max,
-                Defaults::BATCH_COMMANDS_MAX,
-            )? {
-                // One entry must fit one peer message, whatever its commands.
-                n if n > BATCH_COMMANDS_MAX_MAX => {
-                    return Err(invalid(
-                        "batch_commands_max",
-                        format!("must be at most {BATCH_COMMANDS_MAX_MAX}"),
-                    ))
-                }
-                n => n,
-            },
+            heartbeat_ms: timing.heartbeat_ms,
+            election_timeout_ms_min: timing.election_timeout_ms_min,
+            election_timeout_ms_max: timing.election_timeout_ms_max,
+            max_clock_offset_ms,
+            batch_commands_max,
             queue_depth_max: positive(
                 "queue_depth_max",
                 file.queue_depth_max,
@@ -515,7 +444,7 @@ impl NodeConfig {
             api_tls: file.api_tls,
             insecure_peer_traffic: file.insecure_peer_traffic,
             insecure_edge_api,
-            drain_timeout: Duration::from_millis(drain_timeout_ms),
+            drain_timeout,
             metrics_addr: file
                 .metrics_addr
                 .as_deref()
@@ -537,6 +466,124 @@ impl NodeConfig {
     pub fn is_initial_member(&self) -> bool {
         self.members.iter().any(|m| m.id == self.node_id)
     }
+}
+
+/// Without `[peer_tls]`, raft_addr must be loopback unless `insecure_peer_traffic` says
+/// that anyone who reaches it may rewrite this node's log.
+fn check_peer_security(file: &ConfigFile, raft_addr: SocketAddr) -> Result<(), ConfigError> {
+    if file.peer_tls.is_none() && !raft_addr.ip().is_loopback() && !file.insecure_peer_traffic {
+        return Err(invalid(
+            "peer_tls",
+            format!(
+                "raft_addr {raft_addr} is not a loopback address: set [peer_tls] (see \
+                 `ankusa-fleet certs`), or insecure_peer_traffic = true to let anyone who \
+                 reaches it rewrite this node's log"
+            ),
+        ));
+    }
+    Ok(())
+}
+
+fn drain_timeout(file: &ConfigFile) -> Result<Duration, ConfigError> {
+    let drain_timeout_ms = file.drain_timeout_ms.unwrap_or(Defaults::DRAIN_TIMEOUT_MS);
+    if drain_timeout_ms > DRAIN_TIMEOUT_MS_MAX {
+        return Err(invalid(
+            "drain_timeout_ms",
+            format!("must be at most {DRAIN_TIMEOUT_MS_MAX} (0: stop at once)"),
+        ));
+    }
+    Ok(Duration::from_millis(drain_timeout_ms))
+}
+
+/// The Raft timers: a heartbeat inside the shortest election timeout, a range above it.
+struct RaftTiming {
+    heartbeat_ms: u64,
+    election_timeout_ms_min: u64,
+    election_timeout_ms_max: u64,
+}
+
+impl RaftTiming {
+    fn of(file: &ConfigFile) -> Result<Self, ConfigError> {
+        let election_timeout_ms_min = file
+            .election_timeout_ms_min
+            .unwrap_or(Defaults::ELECTION_TIMEOUT_MS_MIN);
+        let election_timeout_ms_max = file
+            .election_timeout_ms_max
+            .unwrap_or(Defaults::ELECTION_TIMEOUT_MS_MAX);
+        let heartbeat_ms = file.heartbeat_ms.unwrap_or(Defaults::HEARTBEAT_MS);
+        if heartbeat_ms == 0 || heartbeat_ms >= election_timeout_ms_min {
+            return Err(invalid(
+                "heartbeat_ms",
+                "must be at least 1 and below election_timeout_ms_min",
+            ));
+        }
+        if election_timeout_ms_max <= election_timeout_ms_min {
+            return Err(invalid(
+                "election_timeout_ms_max",
+                "must be above election_timeout_ms_min",
+            ));
+        }
+        Ok(Self {
+            heartbeat_ms,
+            election_timeout_ms_min,
+            election_timeout_ms_max,
+        })
+    }
+}
+
+fn timeout_default(file: &ConfigFile) -> Result<Duration, ConfigError> {
+    let timeout_ms = file.timeout_ms_default.unwrap_or(Defaults::TIMEOUT_MS);
+    if timeout_ms == 0 || timeout_ms > TIMEOUT_MS_MAX {
+        return Err(invalid("timeout_ms_default", "must be between 1 and 60000"));
+    }
+    Ok(Duration::from_millis(u64::from(timeout_ms)))
+}
+
+/// The pending TTL of a claim that names none: within the contract's and `ttl_ms_max`.
+fn claim_ttl_ms_default(file: &ConfigFile, ceilings: &Ceilings) -> Result<u64, ConfigError> {
+    let claim_ttl_ms_default = file.claim_ttl_ms_default.unwrap_or(Defaults::CLAIM_TTL_MS);
+    if claim_ttl_ms_default == 0 || claim_ttl_ms_default > crate::contract::TTL_MS_MAX {
+        return Err(invalid(
+            "claim_ttl_ms_default",
+            "must be between 1 ms and 30 days",
+        ));
+    }
+    if claim_ttl_ms_default > ceilings.ttl_ms_max {
+        return Err(invalid(
+            "claim_ttl_ms_default",
+            format!("must be at most ttl_ms_max ({} ms)", ceilings.ttl_ms_max),
+        ));
+    }
+    Ok(claim_ttl_ms_default)
+}
+
+fn max_clock_offset_ms(file: &ConfigFile) -> Result<u64, ConfigError> {
+    let field = "max_clock_offset_ms";
+    let n = count_max(
+        field,
+        file.max_clock_offset_ms,
+        Defaults::MAX_CLOCK_OFFSET_MS,
+    )?;
+    if n > MAX_CLOCK_OFFSET_MS_MAX {
+        return Err(invalid(
+            field,
+            format!("must be at most {MAX_CLOCK_OFFSET_MS_MAX}"),
+        ));
+    }
+    Ok(n)
+}
+
+fn batch_commands_max(file: &ConfigFile) -> Result<usize, ConfigError> {
+    let field = "batch_commands_max";
+    let n = positive(field, file.batch_commands_max, Defaults::BATCH_COMMANDS_MAX)?;
+    // One entry must fit one peer message, whatever its commands.
+    if n > BATCH_COMMANDS_MAX_MAX {
+        return Err(invalid(
+            field,
+            format!("must be at most {BATCH_COMMANDS_MAX_MAX}"),
+        ));
+    }
+    Ok(n)
 }
 
 fn positive(field: &str, value: Option<usize>, default: usize) -> Result<usize, ConfigError> {
