@@ -68,8 +68,9 @@ pub struct FleetState {
     owned: OwnedCounts,
 }
 
-/// Items stored per owner, hashed as the state's maps are (a hit counts its tenant's
-/// claims twice and a new claim once more: std's SipHash was a percent of a node's CPU).
+/// Items stored per owner, hashed as the state's maps are: a hit with a claim looks its
+/// tenant up twice (its room, then its count), and std's SipHash was 0.5 % of a node's
+/// CPU (docs/benchmarks.md, round 19).
 type Counts<K> = HashMap<K, u64, foldhash::fast::RandomState>;
 
 /// How many items each tenant (claims) and each bucket owner (buckets) has stored.
@@ -230,15 +231,16 @@ impl FleetState {
         self.claim_hashed(self.claim_hash(key), key)
     }
 
-    /// `key`'s hash in the claims map: a hit looks its claim up and then writes it
+    /// `key`'s hash in this state's claims map (each map has its own seed: a hash from
+    /// another state misses): a hit looks its claim up and then writes it
     /// ([`FleetState::claim_hashed`], [`FleetState::set_claim_hashed`]) with one hash of
     /// its three strings.
-    pub fn claim_hash(&self, key: &ClaimKey) -> u64 {
+    pub(super) fn claim_hash(&self, key: &ClaimKey) -> u64 {
         self.claims.hash_of(key)
     }
 
     /// [`FleetState::claim`] with `hash` from [`FleetState::claim_hash`].
-    pub fn claim_hashed(&self, hash: u64, key: &ClaimKey) -> Option<&ClaimRecord> {
+    pub(super) fn claim_hashed(&self, hash: u64, key: &ClaimKey) -> Option<&ClaimRecord> {
         self.claims
             .get_hashed(hash, key)
             .map(|slot| &slot.value)

@@ -306,14 +306,16 @@ fn hit(
     Ok(HitAnswer::Allowed)
 }
 
-/// Step 3 of a hit: `Some(answer)` when the claim stops the hit here, `None` to go on.
-///
-/// A retry of the same pending hook answers `Allowed` without charging or extending.
+/// Whether `claim` would stop a hit on `state` now, and with what answer (the local
+/// fallback asks before it decides a hit itself), as step 3 of a hit answers.
 pub fn claim_blocked(state: &FleetState, claim: &ClaimRequest, now_us: u64) -> Option<HitAnswer> {
     blocked_by(state.claim(&claim.key), claim, now_us)
 }
 
-/// [`claim_blocked`] with the live claim already looked up (`record`).
+/// Step 3 of a hit, given the live claim of its key (`record`): `Some(answer)` when the
+/// claim stops the hit here, `None` to go on.
+///
+/// A retry of the same pending hook answers `Allowed` without charging or extending.
 fn blocked_by(
     record: Option<&ClaimRecord>,
     claim: &ClaimRequest,

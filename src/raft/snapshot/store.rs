@@ -352,7 +352,7 @@ fn read_named(
 /// opened file, so nothing can be swapped in between the check and the open.
 fn open_regular(path: &Path) -> io::Result<File> {
     use std::os::unix::fs::OpenOptionsExt;
-    let file = fs::OpenOptions::new()
+    let file = OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_NONBLOCK)
         .open(path)?;
@@ -623,11 +623,25 @@ mod tests {
         fs::create_dir(&path).expect("a directory in its place");
         refused("not a regular file");
         fs::remove_dir(&path).expect("remove");
-        // A FIFO would block a plain open until something wrote to it.
+        // A FIFO would block a plain open until something opened it to write. The read runs
+        // on a thread of its own, so an open that blocks fails here instead of hanging the
+        // suite. (A FIFO swapped in between a check and an open, the race the open's own
+        // type check closes, is not staged.)
         let fifo = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).expect("path");
         // SAFETY: `fifo` is a NUL-terminated path that outlives the call.
-        assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) }, 0, "mkfifo");
-        refused("not a regular file");
+        let made = unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) };
+        assert_eq!(made, 0, "mkfifo: {}", io::Error::last_os_error());
+        let (answer, answered) = std::sync::mpsc::channel();
+        let (reader_tree, reader_files) = (tree.clone(), files.clone());
+        std::thread::spawn(move || {
+            let outcome = read(&reader_tree, &reader_files).map(|stored| stored.is_some());
+            answer.send(outcome.map_err(|e| e.to_string())).ok();
+        });
+        match answered.recv_timeout(std::time::Duration::from_secs(30)) {
+            Ok(Err(message)) => assert!(message.contains("not a regular file"), "{message}"),
+            Ok(Ok(found)) => panic!("a FIFO was read as a snapshot (found: {found})"),
+            Err(e) => panic!("the read of a FIFO did not return: {e}"),
+        }
         fs::remove_file(&path).expect("remove");
         // A sparse file as long as a forged record says, past what a snapshot may have.
         let forged = CurrentRecord {
