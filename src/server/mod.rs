@@ -244,12 +244,7 @@ fn open_state(
 pub async fn start(config: NodeConfig, listeners: Listeners) -> Result<RunningNode, StartError> {
     let peer_tls = config.peer_tls.as_ref().map(PeerTls::load).transpose()?;
     let api_tls = config.api_tls.as_ref().map(ApiTls::load).transpose()?;
-    if peer_tls.is_none() && config.insecure_peer_traffic {
-        tracing::warn!(raft_addr = %config.raft_addr, "insecure_peer_traffic = true: Raft traffic is plaintext and unauthenticated; anyone who reaches raft_addr can rewrite this node's log");
-    }
-    if config.insecure_edge_api {
-        tracing::warn!(api_addr = %config.api_addr, "insecure_edge_api = true: edge clients are not authenticated; anyone who reaches api_addr can spend, reset and claim for every tenant");
-    }
+    warn_if_insecure(&config, peer_tls.is_some());
     // The limits file is checked before anything touches the data dir.
     let envoy_limits = Arc::new(envoy_limits(&config)?);
     let Stores {
@@ -279,13 +274,6 @@ pub async fn start(config: NodeConfig, listeners: Listeners) -> Result<RunningNo
         state.clone(),
     )
     .await?;
-    let limits = BatchLimits {
-        batch_commands_max: config.batch_commands_max,
-        queue_depth_max: config.queue_depth_max,
-        proposals_in_flight_max: config.proposals_in_flight_max,
-        forwards_in_flight_max: config.forwards_in_flight_max,
-        linger: std::time::Duration::from_micros(config.batch_linger_us),
-    };
     let router = Router::new(
         config.node_id,
         raft.clone(),
@@ -294,7 +282,7 @@ pub async fn start(config: NodeConfig, listeners: Listeners) -> Result<RunningNo
         clock.clone(),
         clocks.clone(),
     );
-    let proposer = Proposer::start(Arc::new(router), limits, config.ceilings);
+    let proposer = Proposer::start(Arc::new(router), batch_limits(&config), config.ceilings);
     let node = Arc::new(Node::new(NodeParts {
         id: config.node_id,
         raft: raft.clone(),
@@ -314,14 +302,7 @@ pub async fn start(config: NodeConfig, listeners: Listeners) -> Result<RunningNo
         clock: clock.clone(),
         clocks,
     }));
-    // Every store's file and directory now exists; their names reach the disk before
-    // anything is acknowledged (a vote, an entry), or a power cut could lose a whole file.
-    sync_dir(&config.data_dir)?;
-    // Files an older version or a wider umask left readable become the node user's alone.
-    crate::storage::make_tree_private(&config.data_dir).map_err(|source| StartError::DataDir {
-        path: config.data_dir.display().to_string(),
-        source,
-    })?;
+    settle_data_dir(&config.data_dir)?;
     let (stop, stopped) = watch::channel(false);
     let (core_stop_sender, core_stopped) = watch::channel(None);
     let gate = DrainGate::default();
@@ -339,17 +320,7 @@ pub async fn start(config: NodeConfig, listeners: Listeners) -> Result<RunningNo
     };
     let (mut servers, health) = spawn_servers(served, listeners, &stopped).await?;
     servers.extend([
-        tokio::spawn(policy::run(
-            raft.clone(),
-            config.node_id,
-            log_bytes,
-            snapshot_state,
-            SnapshotPolicy {
-                logs_since_last: config.snapshot_logs_since_last,
-                log_percent: config.snapshot_log_percent,
-            },
-            stopped.clone(),
-        )),
+        spawn_snapshot_policy(&raft, &config, log_bytes, snapshot_state, stopped.clone()),
         tokio::spawn(follow_raft(
             raft.clone(),
             config.node_id,
@@ -381,6 +352,59 @@ pub async fn start(config: NodeConfig, listeners: Listeners) -> Result<RunningNo
         disk,
         drain_timeout: config.drain_timeout,
     })
+}
+
+/// Says once at start what an insecure setting lets anyone do.
+fn warn_if_insecure(config: &NodeConfig, peer_tls: bool) {
+    if !peer_tls && config.insecure_peer_traffic {
+        tracing::warn!(raft_addr = %config.raft_addr, "insecure_peer_traffic = true: Raft traffic is plaintext and unauthenticated; anyone who reaches raft_addr can rewrite this node's log");
+    }
+    if config.insecure_edge_api {
+        tracing::warn!(api_addr = %config.api_addr, "insecure_edge_api = true: edge clients are not authenticated; anyone who reaches api_addr can spend, reset and claim for every tenant");
+    }
+}
+
+fn batch_limits(config: &NodeConfig) -> BatchLimits {
+    BatchLimits {
+        batch_commands_max: config.batch_commands_max,
+        queue_depth_max: config.queue_depth_max,
+        proposals_in_flight_max: config.proposals_in_flight_max,
+        forwards_in_flight_max: config.forwards_in_flight_max,
+        linger: std::time::Duration::from_micros(config.batch_linger_us),
+    }
+}
+
+/// Once every store's file and directory exists: their names reach the disk before
+/// anything is acknowledged (a vote, an entry), or a power cut could lose a whole file;
+/// and files an older version or a wider umask left readable become the node user's alone.
+fn settle_data_dir(data_dir: &Path) -> Result<(), StartError> {
+    sync_dir(data_dir)?;
+    crate::storage::make_tree_private(data_dir).map_err(|source| StartError::DataDir {
+        path: data_dir.display().to_string(),
+        source,
+    })
+}
+
+/// The task that asks for a snapshot when the log has grown past the configured share.
+fn spawn_snapshot_policy(
+    raft: &Raft,
+    config: &NodeConfig,
+    log_bytes: LogBytes,
+    state: StateMachineStore,
+    stopped: watch::Receiver<bool>,
+) -> JoinHandle<()> {
+    let rule = SnapshotPolicy {
+        logs_since_last: config.snapshot_logs_since_last,
+        log_percent: config.snapshot_log_percent,
+    };
+    tokio::spawn(policy::run(
+        raft.clone(),
+        config.node_id,
+        log_bytes,
+        state,
+        rule,
+        stopped,
+    ))
 }
 
 /// The parts of a started node its servers answer with.
