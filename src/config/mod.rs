@@ -371,20 +371,23 @@ impl NodeConfig {
         let drain_timeout = drain_timeout(&file)?;
         let timing = RaftTiming::of(&file)?;
         let timeout_default = timeout_default(&file)?;
+        let claim_ttl_ms_default = claim_ttl_ms_default(&file)?;
         let ceilings = ceilings(&file)?;
         let state_limits = state_limits(&file)?;
-        let claim_ttl_ms_default = claim_ttl_ms_default(&file, &ceilings)?;
-        let max_clock_offset_ms = max_clock_offset_ms(&file)?;
-        let batch_commands_max = batch_commands_max(&file)?;
+        within_ttl_ms_max(claim_ttl_ms_default, &ceilings)?;
         let voters_max = file.voters_max.unwrap_or(Defaults::VOTERS_MAX);
         if voters_max == 0 {
             return Err(invalid("voters_max", "must be at least 1"));
         }
         let cluster_id = file
             .cluster_id
-            .unwrap_or_else(|| Defaults::CLUSTER_ID.to_owned());
+            .as_deref()
+            .unwrap_or(Defaults::CLUSTER_ID)
+            .to_owned();
         crate::identity::check_cluster_id(&cluster_id)
             .map_err(|reason| invalid("cluster_id", &reason))?;
+        let max_clock_offset_ms = max_clock_offset_ms(&file)?;
+        let batch_commands_max = batch_commands_max(&file)?;
         Ok(NodeConfig {
             node_id: file.node_id,
             api_addr,
@@ -484,6 +487,7 @@ fn check_peer_security(file: &ConfigFile, raft_addr: SocketAddr) -> Result<(), C
     Ok(())
 }
 
+/// How long a stopping node waits for calls in flight (0: it stops at once).
 fn drain_timeout(file: &ConfigFile) -> Result<Duration, ConfigError> {
     let drain_timeout_ms = file.drain_timeout_ms.unwrap_or(Defaults::DRAIN_TIMEOUT_MS);
     if drain_timeout_ms > DRAIN_TIMEOUT_MS_MAX {
@@ -495,7 +499,9 @@ fn drain_timeout(file: &ConfigFile) -> Result<Duration, ConfigError> {
     Ok(Duration::from_millis(drain_timeout_ms))
 }
 
-/// The Raft timers: a heartbeat inside the shortest election timeout, a range above it.
+/// The Raft timers: a heartbeat shorter than the shortest election timeout (or followers
+/// would call elections while the leader is well), and a range of election timeouts
+/// above it (so that candidates' timers spread).
 struct RaftTiming {
     heartbeat_ms: u64,
     election_timeout_ms_min: u64,
@@ -503,6 +509,7 @@ struct RaftTiming {
 }
 
 impl RaftTiming {
+    /// The timers `file` sets, the defaults for the rest, checked together.
     fn of(file: &ConfigFile) -> Result<Self, ConfigError> {
         let election_timeout_ms_min = file
             .election_timeout_ms_min
@@ -531,6 +538,7 @@ impl RaftTiming {
     }
 }
 
+/// The deadline of a call that sends `timeout_ms = 0`.
 fn timeout_default(file: &ConfigFile) -> Result<Duration, ConfigError> {
     let timeout_ms = file.timeout_ms_default.unwrap_or(Defaults::TIMEOUT_MS);
     if timeout_ms == 0 || timeout_ms > TIMEOUT_MS_MAX {
@@ -539,8 +547,9 @@ fn timeout_default(file: &ConfigFile) -> Result<Duration, ConfigError> {
     Ok(Duration::from_millis(u64::from(timeout_ms)))
 }
 
-/// The pending TTL of a claim that names none: within the contract's and `ttl_ms_max`.
-fn claim_ttl_ms_default(file: &ConfigFile, ceilings: &Ceilings) -> Result<u64, ConfigError> {
+/// The TTL of a claim a settle with `ttl_ms = 0` re-creates, within the contract's TTLs
+/// (and, once the ceilings are read, [`within_ttl_ms_max`]).
+fn claim_ttl_ms_default(file: &ConfigFile) -> Result<u64, ConfigError> {
     let claim_ttl_ms_default = file.claim_ttl_ms_default.unwrap_or(Defaults::CLAIM_TTL_MS);
     if claim_ttl_ms_default == 0 || claim_ttl_ms_default > crate::contract::TTL_MS_MAX {
         return Err(invalid(
@@ -548,15 +557,23 @@ fn claim_ttl_ms_default(file: &ConfigFile, ceilings: &Ceilings) -> Result<u64, C
             "must be between 1 ms and 30 days",
         ));
     }
+    Ok(claim_ttl_ms_default)
+}
+
+/// The default claim TTL may not pass the node's own ceiling, or its settles would refuse
+/// themselves.
+fn within_ttl_ms_max(claim_ttl_ms_default: u64, ceilings: &Ceilings) -> Result<(), ConfigError> {
     if claim_ttl_ms_default > ceilings.ttl_ms_max {
         return Err(invalid(
             "claim_ttl_ms_default",
             format!("must be at most ttl_ms_max ({} ms)", ceilings.ttl_ms_max),
         ));
     }
-    Ok(claim_ttl_ms_default)
+    Ok(())
 }
 
+/// How far a node's wall clock may be from the median of a quorum's before it stops
+/// leading (and a leader's stamps from its monotonic clock).
 fn max_clock_offset_ms(file: &ConfigFile) -> Result<u64, ConfigError> {
     let field = "max_clock_offset_ms";
     let n = count_max(
@@ -573,6 +590,7 @@ fn max_clock_offset_ms(file: &ConfigFile) -> Result<u64, ConfigError> {
     Ok(n)
 }
 
+/// Commands in one log entry or forward.
 fn batch_commands_max(file: &ConfigFile) -> Result<usize, ConfigError> {
     let field = "batch_commands_max";
     let n = positive(field, file.batch_commands_max, Defaults::BATCH_COMMANDS_MAX)?;

@@ -302,6 +302,7 @@ pub async fn start(config: NodeConfig, listeners: Listeners) -> Result<RunningNo
         clock: clock.clone(),
         clocks,
     }));
+    // After every store is open, before anything is served.
     settle_data_dir(&config.data_dir)?;
     let (stop, stopped) = watch::channel(false);
     let (core_stop_sender, core_stopped) = watch::channel(None);
@@ -354,9 +355,10 @@ pub async fn start(config: NodeConfig, listeners: Listeners) -> Result<RunningNo
     })
 }
 
-/// Says once at start what an insecure setting lets anyone do.
-fn warn_if_insecure(config: &NodeConfig, peer_tls: bool) {
-    if !peer_tls && config.insecure_peer_traffic {
+/// Says once at start what an insecure setting lets anyone do (`insecure_peer_traffic`
+/// says nothing once `[peer_tls]` is loaded: the peers are authenticated then).
+fn warn_if_insecure(config: &NodeConfig, peer_tls_loaded: bool) {
+    if !peer_tls_loaded && config.insecure_peer_traffic {
         tracing::warn!(raft_addr = %config.raft_addr, "insecure_peer_traffic = true: Raft traffic is plaintext and unauthenticated; anyone who reaches raft_addr can rewrite this node's log");
     }
     if config.insecure_edge_api {
@@ -364,6 +366,7 @@ fn warn_if_insecure(config: &NodeConfig, peer_tls: bool) {
     }
 }
 
+/// The proposer's queue and batch limits, as configured.
 fn batch_limits(config: &NodeConfig) -> BatchLimits {
     BatchLimits {
         batch_commands_max: config.batch_commands_max,
@@ -385,7 +388,8 @@ fn settle_data_dir(data_dir: &Path) -> Result<(), StartError> {
     })
 }
 
-/// The task that asks for a snapshot when the log has grown past the configured share.
+/// The task that asks for a snapshot once enough entries came since the last one and the
+/// log has grown past the configured share of the last snapshot's size (`SnapshotPolicy`).
 fn spawn_snapshot_policy(
     raft: &Raft,
     config: &NodeConfig,
