@@ -493,6 +493,13 @@ impl FleetState {
         self.claims.thaw();
     }
 
+    /// [`FleetState::thaw`] in steps of up to `budget` items a map; true once it is done.
+    /// Between steps the state applies as while frozen, so the caller can let go of the
+    /// state's lock between them.
+    pub fn thaw_some(&mut self, budget: usize) -> bool {
+        self.buckets.thaw_some(budget) && self.claims.thaw_some(budget)
+    }
+
     /// Copies out the live items at the current clock.
     pub fn image(&self) -> StateImage {
         let clock_us = self.clock_us;

@@ -372,24 +372,30 @@ fn stamp_us(clock_us: u64, step_us: i64) -> u64 {
 
 proptest! {
     /// Also while a snapshot holds the state frozen for a stretch of the entries (changes
-    /// and expiries then go through the maps' overlays), and after it thaws.
+    /// and expiries then go through the maps' overlays), while it thaws in steps of
+    /// `thaw_step` items between entries, and after.
     #[test]
     fn rules_agree_with_the_reference_model(
         entries in arb_entries(1),
         freeze_at in any::<prop::sample::Index>(),
         frozen_for in 0usize..40,
+        thaw_step in 1usize..4,
     ) {
         let mut state = FleetState::default();
         let mut model = Model::default();
         let freeze_at = freeze_at.index(entries.len());
         let mut frozen = None;
+        let mut thawing = false;
         for (i, (step_us, commands)) in entries.iter().enumerate() {
             if i == freeze_at {
                 frozen = Some(state.freeze());
             }
             if i == freeze_at + frozen_for {
                 frozen = None;
-                state.thaw();
+                thawing = true;
+            }
+            if thawing {
+                thawing = !state.thaw_some(thaw_step);
             }
             let now_us = stamp_us(model.clock_us, *step_us);
             let got = apply_batch(&mut state, commands, now_us);
