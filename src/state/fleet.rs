@@ -493,6 +493,10 @@ impl FleetState {
         self.claims.thaw();
     }
 
+    /// Overlay items a node folds back into a map per hold of the state's lock after a
+    /// snapshot's encode (`ankusa-fleet bench-snapshot` times the steps).
+    pub const THAW_STEP_ITEMS: usize = 1_024;
+
     /// [`FleetState::thaw`] in steps of up to `budget` items a map; true once it is done.
     /// Between steps the state applies as while frozen, so the caller can let go of the
     /// state's lock between them.

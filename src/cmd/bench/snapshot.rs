@@ -3,7 +3,9 @@
 //! the state machine's own rules, then per round: encodes it as a node does
 //! (`snapshot::encode_live`), stores it as a node does (its file and the sled record naming
 //! it, kept across rounds, so the previous generation is there to replace), and reads
-//! it back into a state as a restart or an install does. CPU time is the process's, so
+//! it back into a state as a restart or an install does. Between the freeze and the encode
+//! `--changes` new claims go in, as apply goes on during a node's encode, and the overlay
+//! they make is folded back in the node's steps, each timed. CPU time is the process's, so
 //! sled's own threads count.
 
 use std::path::PathBuf;
@@ -31,6 +33,9 @@ pub struct SnapshotBenchPlan {
     /// Tenants (one hooks bucket each) the claims are spread over.
     #[arg(long, default_value_t = 1_000)]
     pub tenants: usize,
+    /// New claims applied while each round's copy is frozen (they stay in the state).
+    #[arg(long, default_value_t = 50_000)]
+    pub changes: usize,
     /// Snapshots taken one after another.
     #[arg(long, default_value_t = 3)]
     pub rounds: usize,
@@ -50,6 +55,11 @@ pub struct SnapshotRound {
     pub store_ns_per_byte: f64,
     /// Read back from sled, checked and decoded into a state.
     pub load_cpu_ms: f64,
+    /// The overlay folded back in steps of `FleetState::THAW_STEP_ITEMS`: their number,
+    /// their sum and the longest (what apply may wait for the state's lock).
+    pub thaw_steps: usize,
+    pub thaw_total_ms: f64,
+    pub thaw_step_max_ms: f64,
 }
 
 /// The whole run.
@@ -88,9 +98,15 @@ fn timed<T>(work: impl FnOnce() -> T) -> (T, f64, f64) {
 /// with its own key per hit.
 fn build_state(claims: usize, tenants: usize) -> FleetState {
     let mut state = FleetState::default();
+    add_claims(&mut state, 0..claims, tenants);
+    state
+}
+
+/// Applies one such hit for each of `ids`, each with a claim key of its own.
+fn add_claims(state: &mut FleetState, ids: std::ops::Range<usize>, tenants: usize) {
     let tenants = tenants.max(1);
     let mut batch = Vec::with_capacity(512);
-    for i in 0..claims {
+    for i in ids {
         let tenant = TenantId(format!("tenant-{:06}", i % tenants).into());
         batch.push(Command::Hit {
             charges: vec![Charge {
@@ -114,12 +130,27 @@ fn build_state(claims: usize, tenants: usize) -> FleetState {
             node: 1,
         });
         if batch.len() == batch.capacity() {
-            rules::apply_batch(&mut state, &batch, 1_000_000);
+            rules::apply_batch(state, &batch, 1_000_000);
             batch.clear();
         }
     }
-    rules::apply_batch(&mut state, &batch, 1_000_000);
-    state
+    rules::apply_batch(state, &batch, 1_000_000);
+}
+
+/// Folds `state`'s overlays back in as a node does; (steps, total ms, longest step ms).
+fn thaw_in_steps(state: &mut FleetState) -> (usize, f64, f64) {
+    let (mut steps, mut total_ms, mut step_max_ms) = (0, 0.0_f64, 0.0_f64);
+    loop {
+        let started = Instant::now();
+        let done = state.thaw_some(FleetState::THAW_STEP_ITEMS);
+        let ms = started.elapsed().as_secs_f64() * 1e3;
+        steps += 1;
+        total_ms += ms;
+        step_max_ms = step_max_ms.max(ms);
+        if done {
+            return (steps, total_ms, step_max_ms);
+        }
+    }
 }
 
 /// Runs the plan.
@@ -146,9 +177,15 @@ pub fn run(plan: &SnapshotBenchPlan) -> anyhow::Result<SnapshotBenchSummary> {
     let mut rounds = Vec::with_capacity(plan.rounds);
     for round in 0..plan.rounds {
         let frozen = state.freeze();
+        let first_new = plan.claims + round * plan.changes;
+        add_claims(
+            &mut state,
+            first_new..first_new + plan.changes,
+            plan.tenants,
+        );
         let (data, encode_cpu_ms, _) = timed(|| snapshot::encode_live(None, &membership, &frozen));
         drop(frozen);
-        state.thaw();
+        let (thaw_steps, thaw_total_ms, thaw_step_max_ms) = thaw_in_steps(&mut state);
         let data = data?;
         let meta = SnapshotMeta {
             last_log_id: None,
@@ -175,10 +212,14 @@ pub fn run(plan: &SnapshotBenchPlan) -> anyhow::Result<SnapshotBenchSummary> {
             store_wall_ms,
             store_ns_per_byte: per_byte(store_cpu_ms),
             load_cpu_ms,
+            thaw_steps,
+            thaw_total_ms,
+            thaw_step_max_ms,
         });
         eprintln!(
             "round {round}: {:.1} MB, encode {encode_cpu_ms:.0} ms CPU, store {store_cpu_ms:.0} ms CPU \
-             ({store_wall_ms:.0} ms wall), load {load_cpu_ms:.0} ms CPU",
+             ({store_wall_ms:.0} ms wall), load {load_cpu_ms:.0} ms CPU, thaw {thaw_total_ms:.1} ms \
+             in {thaw_steps} steps (longest {thaw_step_max_ms:.2} ms)",
             bytes as f64 / 1e6
         );
     }
@@ -199,14 +240,23 @@ mod tests {
         let plan = SnapshotBenchPlan {
             claims: 2_000,
             tenants: 10,
+            changes: 5_000,
             rounds: 2,
             scratch_dir: dir.path().to_path_buf(),
         };
         let summary = run(&plan).expect("run");
         assert_eq!(summary.rounds.len(), 2);
-        let first = &summary.rounds[0];
+        let [first, second] = &summary.rounds[..] else {
+            unreachable!("two rounds")
+        };
         // 2000 claims with keys and hook ids of 16+ bytes each cannot fit in less.
         assert!(first.snapshot_bytes > 2_000 * 32, "{first:?}");
-        assert_eq!(summary.rounds[1].snapshot_bytes, first.snapshot_bytes);
+        // The second holds the first round's changes too: 5000 claims more.
+        assert!(
+            second.snapshot_bytes > first.snapshot_bytes + 5_000 * 32,
+            "{second:?}"
+        );
+        // 5000 new claims and their 10 buckets' changes: two steps at least for the claims.
+        assert!(first.thaw_steps >= 2, "{first:?}");
     }
 }

@@ -7,10 +7,7 @@ use openraft::{RaftSnapshotBuilder, StorageIOError};
 
 use super::StateMachineStore;
 use crate::raft::{Snapshot, SnapshotMeta, StorageError, TypeConfig};
-
-/// Overlay items folded back into a map per hold of the state's lock after an encode
-/// (each one a lookup in a large table, so a step is well under a millisecond).
-const THAW_STEP_ITEMS: usize = 4_096;
+use crate::state::FleetState;
 
 /// Lowers the calling thread to the lowest CPU priority (nice 19). Best effort: a thread
 /// that keeps its priority only competes more with the ones serving calls.
@@ -56,7 +53,7 @@ impl RaftSnapshotBuilder<TypeConfig> for StateMachineStore {
         // Whether or not the encode went well, the overlays go back into the maps: in
         // steps, letting go of the lock between them, since a whole overlay folded at once
         // held apply up for up to 10 ms (docs/benchmarks.md, round 18).
-        while !self.lock().state.thaw_some(THAW_STEP_ITEMS) {
+        while !self.lock().state.thaw_some(FleetState::THAW_STEP_ITEMS) {
             tokio::task::yield_now().await;
         }
         let encoded = encoded?;
