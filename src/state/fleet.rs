@@ -493,15 +493,18 @@ impl FleetState {
         self.claims.thaw();
     }
 
-    /// Overlay items a node folds back into a map per hold of the state's lock after a
-    /// snapshot's encode (`ankusa-fleet bench-snapshot` times the steps).
+    /// Overlay items a node folds back into each map per applied batch of entries after a
+    /// snapshot's encode (`ankusa-fleet bench-snapshot --changes` times the steps).
     pub const THAW_STEP_ITEMS: usize = 1_024;
 
-    /// [`FleetState::thaw`] in steps of up to `budget` items a map; true once it is done.
-    /// Between steps the state applies as while frozen, so the caller can let go of the
-    /// state's lock between them.
+    /// [`FleetState::thaw`] in steps of up to `budget` items a map, once the frozen copy is
+    /// dropped (before, it folds nothing); true once it is done. Between steps the state
+    /// answers and changes as usual, and a change folds its own key first, so the fold ends
+    /// whatever the changes between steps.
     pub fn thaw_some(&mut self, budget: usize) -> bool {
-        self.buckets.thaw_some(budget) && self.claims.thaw_some(budget)
+        let buckets = self.buckets.thaw_some(budget);
+        let claims = self.claims.thaw_some(budget);
+        buckets && claims
     }
 
     /// Copies out the live items at the current clock.

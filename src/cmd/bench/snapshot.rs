@@ -33,8 +33,9 @@ pub struct SnapshotBenchPlan {
     /// Tenants (one hooks bucket each) the claims are spread over.
     #[arg(long, default_value_t = 1_000)]
     pub tenants: usize,
-    /// New claims applied while each round's copy is frozen (they stay in the state).
-    #[arg(long, default_value_t = 50_000)]
+    /// New claims applied while each round's copy is frozen (they stay in the state, so
+    /// each round's snapshot is larger than the one before).
+    #[arg(long, default_value_t = 0)]
     pub changes: usize,
     /// Snapshots taken one after another.
     #[arg(long, default_value_t = 3)]
@@ -55,8 +56,9 @@ pub struct SnapshotRound {
     pub store_ns_per_byte: f64,
     /// Read back from sled, checked and decoded into a state.
     pub load_cpu_ms: f64,
-    /// The overlay folded back in steps of `FleetState::THAW_STEP_ITEMS`: their number,
-    /// their sum and the longest (what apply may wait for the state's lock).
+    /// The overlay folded back in steps of `FleetState::THAW_STEP_ITEMS`, as apply does
+    /// one a batch: their number, their sum (about what one fold at once would hold the
+    /// state's lock) and the longest (what one batch's apply adds).
     pub thaw_steps: usize,
     pub thaw_total_ms: f64,
     pub thaw_step_max_ms: f64,

@@ -7,7 +7,6 @@ use openraft::{RaftSnapshotBuilder, StorageIOError};
 
 use super::StateMachineStore;
 use crate::raft::{Snapshot, SnapshotMeta, StorageError, TypeConfig};
-use crate::state::FleetState;
 
 /// Lowers the calling thread to the lowest CPU priority (nice 19). Best effort: a thread
 /// that keeps its priority only competes more with the ones serving calls.
@@ -50,12 +49,11 @@ impl RaftSnapshotBuilder<TypeConfig> for StateMachineStore {
                 .map_err(|e| StorageIOError::write_snapshot(None, &e)),
             Err(e) => Err(StorageIOError::write_snapshot(None, &e)),
         };
-        // Whether or not the encode went well, the overlays go back into the maps: in
-        // steps, letting go of the lock between them, since a whole overlay folded at once
-        // held apply up for up to 10 ms (docs/benchmarks.md, round 18).
-        while !self.lock().state.thaw_some(FleetState::THAW_STEP_ITEMS) {
-            tokio::task::yield_now().await;
-        }
+        // Whether or not the encode went well, the frozen copy is gone now, and apply folds
+        // the overlays back into the maps a step per batch (`FleetState::thaw_some`): a
+        // whole overlay folded here at once held apply up for up to 10 ms
+        // (docs/benchmarks.md, round 18), and a fold in steps of its own would have to win
+        // the lock from apply again for each one.
         let encoded = encoded?;
         let (last_applied, membership, data) = encoded;
         let seq = self.snapshots().next_seq();

@@ -175,6 +175,9 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
             };
             responses.push(response);
         }
+        // After a snapshot's encode: one step of folding its overlays back in, under the
+        // hold of the lock this batch already took (nothing once the fold is done).
+        applied.state.thaw_some(FleetState::THAW_STEP_ITEMS);
         let (buckets, claims) = applied.state.len();
         metrics::gauge!("ankusa_state_claims").set(claims as f64);
         metrics::gauge!("ankusa_state_buckets").set(buckets as f64);
