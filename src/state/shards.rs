@@ -305,7 +305,7 @@ impl<K: Hash + Eq + Clone, V: Clone> Sharded<K, V> {
 
     /// Folds the overlay back into the shards (in place once the frozen copy is dropped).
     pub(super) fn thaw(&mut self) {
-        self.fold(usize::MAX);
+        while !self.fold(usize::MAX) {}
     }
 
     /// Folds up to `budget` items of the overlay back into the shards once the frozen copy
@@ -343,14 +343,19 @@ impl<K: Hash + Eq + Clone, V: Clone> Sharded<K, V> {
     }
 
     /// Moves up to `budget` overlay items into the shards (copying the shards if a frozen
-    /// copy still shares them); true once the overlay is empty and gone.
+    /// copy still shares them), fewer if a shard grows; true once the overlay is empty and
+    /// gone.
     fn fold(&mut self, budget: usize) -> bool {
         let Some(overlay) = self.overlay.as_mut() else {
             return true;
         };
         let base = Arc::make_mut(&mut self.base);
         for item in overlay.extract_if(|_| true).take(budget) {
-            fold_one(base, item);
+            // A shard's growth moves every item in it: the step ends there. The shards fill
+            // evenly, so many of them grow within the same thousand items of a fold.
+            if fold_one(base, item) {
+                break;
+            }
         }
         if !overlay.is_empty() {
             return false;
@@ -360,21 +365,25 @@ impl<K: Hash + Eq + Clone, V: Clone> Sharded<K, V> {
     }
 }
 
-/// Puts one overlay item (a value, or `None` for a removal) into its shard.
-fn fold_one<K: Eq, V>(base: &mut [Table<K, V>], item: Item<K, Option<V>>) {
+/// Puts one overlay item (a value, or `None` for a removal) into its shard; true when the
+/// shard had to grow for it.
+fn fold_one<K: Eq, V>(base: &mut [Table<K, V>], item: Item<K, Option<V>>) -> bool {
     let Item { hash, key, value } = item;
     let table = &mut base[shard_of(hash)];
+    let full = table.len() == table.capacity();
     let stored = table.find_entry(hash, holds(hash, &key));
     match (stored, value) {
         (Ok(mut stored), Some(value)) => stored.get_mut().value = value,
         (Err(_), Some(value)) => {
             table.insert_unique(hash, Item { hash, key, value }, stored_hash);
+            return full;
         }
         (Ok(stored), None) => {
             stored.remove();
         }
         (Err(_), None) => {}
     }
+    false
 }
 
 #[cfg(test)]
@@ -508,6 +517,27 @@ mod tests {
         assert!(map.overlay.is_none());
         assert_eq!(map.get(&"k5".to_owned()), Some(&6));
         assert_eq!(map.len(), next as usize);
+    }
+
+    /// A step ends at the first shard that grows, so a step costs one growth at most.
+    #[test]
+    fn a_fold_step_ends_where_a_shard_grows() {
+        let mut map: TestMap = Sharded::default();
+        let frozen = map.freeze();
+        for key in 0..100 {
+            map.insert(Arc::new(format!("k{key}")), key);
+        }
+        drop(frozen);
+        assert!(
+            !map.thaw_some(1_000),
+            "an empty shard grows for its first item"
+        );
+        assert_eq!(map.overlay.as_ref().map(HashTable::len), Some(99));
+        map.thaw();
+        assert!(map.overlay.is_none());
+        assert_eq!(map.len(), 100);
+        assert_eq!(contents(&map).len(), 100);
+        assert_eq!(map.get(&"k7".to_owned()), Some(&7));
     }
 
     #[test]
