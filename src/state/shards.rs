@@ -144,11 +144,12 @@ impl<K: Hash + Eq + Clone, V: Clone> Sharded<K, V> {
         Q: Eq + ?Sized,
     {
         let shard = shard_of(hash);
-        if !self.frozen() {
+        let frozen = self.frozen();
+        if !frozen {
             self.settle(hash, key);
         }
         let item = match &mut self.overlay {
-            Some(overlay) if Arc::strong_count(&self.base) > 1 => {
+            Some(overlay) if frozen => {
                 if overlay.find(hash, holds(hash, key)).is_none() {
                     // First change since the freeze: copy the item into the overlay.
                     let item = self.base[shard].find(hash, holds(hash, key))?;
@@ -176,21 +177,20 @@ impl<K: Hash + Eq + Clone, V: Clone> Sharded<K, V> {
     /// [`Sharded::insert`] with `hash` from [`Sharded::hash_of`].
     pub(super) fn insert_hashed(&mut self, hash: u64, key: K, value: V) -> bool {
         let shard = shard_of(hash);
-        if !self.frozen() {
+        let frozen = self.frozen();
+        if !frozen {
             self.settle(hash, &key);
         }
         let is_new = match &mut self.overlay {
-            Some(overlay) if Arc::strong_count(&self.base) > 1 => {
-                match overlay.find_mut(hash, holds(hash, &key)) {
-                    Some(changed) => changed.value.replace(value).is_none(),
-                    None => {
-                        let in_base = self.base[shard].find(hash, holds(hash, &key)).is_some();
-                        let value = Some(value);
-                        overlay.insert_unique(hash, Item { hash, key, value }, stored_hash);
-                        !in_base
-                    }
+            Some(overlay) if frozen => match overlay.find_mut(hash, holds(hash, &key)) {
+                Some(changed) => changed.value.replace(value).is_none(),
+                None => {
+                    let in_base = self.base[shard].find(hash, holds(hash, &key)).is_some();
+                    let value = Some(value);
+                    overlay.insert_unique(hash, Item { hash, key, value }, stored_hash);
+                    !in_base
                 }
-            }
+            },
             _ => {
                 let table = &mut Arc::make_mut(&mut self.base)[shard];
                 match table.find_mut(hash, holds(hash, &key)) {
@@ -227,28 +227,27 @@ impl<K: Hash + Eq + Clone, V: Clone> Sharded<K, V> {
         Q: Eq + ?Sized,
     {
         let shard = shard_of(hash);
-        if !self.frozen() {
+        let frozen = self.frozen();
+        if !frozen {
             self.settle(hash, key);
         }
         let removed = match &mut self.overlay {
-            Some(overlay) if Arc::strong_count(&self.base) > 1 => {
-                match overlay.find_mut(hash, holds(hash, key)) {
-                    Some(changed) => changed.value.take().is_some(),
-                    None => match self.base[shard].find(hash, holds(hash, key)) {
-                        Some(item) => {
-                            let key = item.key.clone();
-                            let tombstone = Item {
-                                hash,
-                                key,
-                                value: None,
-                            };
-                            overlay.insert_unique(hash, tombstone, stored_hash);
-                            true
-                        }
-                        None => false,
-                    },
-                }
-            }
+            Some(overlay) if frozen => match overlay.find_mut(hash, holds(hash, key)) {
+                Some(changed) => changed.value.take().is_some(),
+                None => match self.base[shard].find(hash, holds(hash, key)) {
+                    Some(item) => {
+                        let key = item.key.clone();
+                        let tombstone = Item {
+                            hash,
+                            key,
+                            value: None,
+                        };
+                        overlay.insert_unique(hash, tombstone, stored_hash);
+                        true
+                    }
+                    None => false,
+                },
+            },
             _ => Arc::make_mut(&mut self.base)[shard]
                 .find_entry(hash, holds(hash, key))
                 .map(|entry| entry.remove())
@@ -322,7 +321,9 @@ impl<K: Hash + Eq + Clone, V: Clone> Sharded<K, V> {
         self.fold(budget)
     }
 
-    /// Whether a frozen copy still shares the shards: changes then go to the overlay.
+    /// Whether a frozen copy still shares the shards: changes then go to the overlay. A
+    /// change reads it once: the frozen copy may be dropped on another thread meanwhile, and
+    /// a key settled into the shards must not then be changed in the overlay.
     fn frozen(&self) -> bool {
         self.overlay.is_some() && Arc::strong_count(&self.base) > 1
     }
