@@ -472,8 +472,8 @@ impl FleetState {
     }
 
     /// A read-only copy of the state as it is now, for a snapshot: it shares the maps' shards
-    /// (nothing is copied) and never changes; `self` keeps changing on top of it until
-    /// [`FleetState::thaw`]. Encode the copy with [`LiveImage`] without holding any lock.
+    /// (nothing is copied) and never changes; `self` keeps its changes in overlays while the
+    /// copy lives, folded back in afterwards ([`FleetState::thaw_some`]). Encode the copy with [`LiveImage`] without holding any lock.
     pub fn freeze(&mut self) -> FleetState {
         FleetState {
             clock_us: self.clock_us,

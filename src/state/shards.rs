@@ -42,12 +42,17 @@ struct Item<K, V> {
 type Table<K, V> = HashTable<Item<K, V>>;
 
 /// A map of `K` to `V` in [`SHARDS`] shards; the subset of `HashMap`'s API the state uses.
+///
+/// A clone shares the shards as a frozen copy does: while one lives, changes go to the
+/// overlay (if there is one) and a fold waits, and without an overlay the next change
+/// copies every shard. The state clones a map only by [`Sharded::freeze`].
 #[derive(Clone, Debug)]
 pub(super) struct Sharded<K, V> {
     hasher: RandomState,
     /// Shared with a frozen copy while one exists; changed in place otherwise.
     base: Arc<Vec<Table<K, V>>>,
-    /// While frozen: every change since, by key (`None`: removed).
+    /// Since the last freeze: every change made while the frozen copy lived, by key
+    /// (`None`: removed), less what has been folded back into `base` since it was dropped.
     overlay: Option<Table<K, Option<V>>>,
     len: usize,
 }
@@ -289,7 +294,8 @@ impl<K: Hash + Eq + Clone, V: Clone> Sharded<K, V> {
     }
 
     /// A copy that stays as the map is now and shares its shards; changes to `self` go to
-    /// the overlay until [`Sharded::thaw`]. Freezing again first folds the last overlay in
+    /// the overlay while the copy lives, and are folded back in once it is dropped
+    /// ([`Sharded::thaw_some`], [`Sharded::thaw`]). Freezing again first folds the last overlay in
     /// (copying the shards if that earlier frozen copy is still alive).
     pub(super) fn freeze(&mut self) -> Self {
         self.thaw();
@@ -311,8 +317,8 @@ impl<K: Hash + Eq + Clone, V: Clone> Sharded<K, V> {
     /// is gone (while it lives, nothing: the fold would copy every shard); true once no
     /// overlay is left. Until then the map answers as before, and a change to a key first
     /// moves its overlay item into the shards ([`Sharded::settle`]), so the overlay only
-    /// shrinks and the fold ends after its size over `budget` steps, whatever the changes
-    /// between them.
+    /// shrinks and the fold ends, whatever the changes between steps: after its size over
+    /// `budget` steps, plus one for each step cut short where a shard grew.
     pub(super) fn thaw_some(&mut self, budget: usize) -> bool {
         debug_assert!(budget > 0, "a fold of no items a step never ends");
         if self.frozen() {
