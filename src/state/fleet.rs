@@ -473,7 +473,8 @@ impl FleetState {
 
     /// A read-only copy of the state as it is now, for a snapshot: it shares the maps' shards
     /// (nothing is copied) and never changes; `self` keeps its changes in overlays while the
-    /// copy lives, folded back in afterwards ([`FleetState::thaw_some`]). Encode the copy with [`LiveImage`] without holding any lock.
+    /// copy lives, folded back in afterwards ([`FleetState::thaw_some`]). Encode the copy
+    /// with [`LiveImage`] without holding any lock.
     pub fn freeze(&mut self) -> FleetState {
         FleetState {
             clock_us: self.clock_us,
@@ -486,19 +487,12 @@ impl FleetState {
         }
     }
 
-    /// Folds what changed since [`FleetState::freeze`] back into the maps; call it once the
-    /// frozen copy is dropped (before, it works too, but copies the maps).
-    pub fn thaw(&mut self) {
-        self.buckets.thaw();
-        self.claims.thaw();
-    }
-
     /// Overlay items a node folds back into each map per applied batch of entries after a
     /// snapshot's encode (`ankusa-fleet bench-snapshot --changes` times the steps).
     pub const THAW_STEP_ITEMS: usize = 1_024;
 
-    /// [`FleetState::thaw`] in steps of up to `budget` items a map, once the frozen copy is
-    /// dropped (before, it folds nothing); true once it is done. Between steps the state
+    /// Folds what changed since [`FleetState::freeze`] back into the maps, up to `budget`
+    /// items a map, once the frozen copy is dropped (before, nothing); true once it is done. Between steps the state
     /// answers and changes as usual, and a change folds its own key first, so the fold ends
     /// whatever the changes between steps.
     pub fn thaw_some(&mut self, budget: usize) -> bool {
@@ -560,8 +554,8 @@ struct Due {
 
 /// Stores `value` under `key` (whose hash in `map` is `hash`); queues an expiry entry only
 /// for a new key or an earlier deadline (a later one is re-queued when the current entry
-/// is taken, see [`sweep_one`]). A borrowed key is cloned only when it is new. Returns the key
-/// when it is new.
+/// is taken, see [`sweep_one`]). A borrowed key is cloned only when it is new. Returns the
+/// key when it is new.
 fn store<K: Hash + Eq + Clone, V: Clone>(
     map: &mut Sharded<Arc<K>, Slot<V>>,
     expiry: &mut ExpiryQueue,
@@ -601,8 +595,8 @@ fn store<K: Hash + Eq + Clone, V: Clone>(
     }
 }
 
-/// Handles one expiry entry taken from the queue `(deadline, hash, key)`: drops the item if it expired
-/// by `clock_us`, re-queues it at its current deadline if it was extended, and ignores the
+/// Handles one expiry entry taken from the queue, `(deadline, hash, key)`: drops the item
+/// if it expired by `clock_us`, re-queues it at its current deadline if it was extended, and ignores the
 /// entry if it is stale (the item is gone or another entry is responsible for it).
 /// Returns whether it dropped the item.
 fn sweep_one<K: Hash + Eq, V: Clone>(

@@ -295,8 +295,8 @@ impl<K: Hash + Eq + Clone, V: Clone> Sharded<K, V> {
 
     /// A copy that stays as the map is now and shares its shards; changes to `self` go to
     /// the overlay while the copy lives, and are folded back in once it is dropped
-    /// ([`Sharded::thaw_some`], [`Sharded::thaw`]). Freezing again first folds the last overlay in
-    /// (copying the shards if that earlier frozen copy is still alive).
+    /// ([`Sharded::thaw_some`], [`Sharded::thaw`]). Freezing again first folds the last
+    /// overlay in (copying the shards if that earlier frozen copy is still alive).
     pub(super) fn freeze(&mut self) -> Self {
         self.thaw();
         self.overlay = Some(HashTable::new());

@@ -19,9 +19,8 @@ pub const FLUSH_STEP_BYTES: u64 = 256 * 1024;
 /// For the large writes made beside the log (a snapshot, the zeros of a log segment made
 /// ahead): a device flush waits for whatever was written before it, so an append's
 /// `fdatasync` that comes meanwhile waits for one step instead of the whole file. In one
-/// flush, a node's
-/// 27 MB snapshot held every node's appends for 3-12 ms each, and three 16 MiB segments
-/// zeroed at once for 23-24 ms (docs/benchmarks.md, round 18).
+/// flush, a node's 27 MB snapshot held every node's appends for 3-12 ms each, and three
+/// 16 MiB segments zeroed at once for 23-24 ms (docs/benchmarks.md, round 18).
 ///
 /// # Errors
 /// The first error of `write` or of a flush.

@@ -227,6 +227,14 @@ pub(crate) fn files_dir(disk: &SledDisk) -> PathBuf {
     parent_dir(disk.dir()).join(SNAPSHOT_DIR)
 }
 
+/// The keys of generation `generation`'s chunks in the layout before start with this; the
+/// chunk's index follows, big-endian, so a scan returns them in order.
+fn generation_prefix(generation: u64) -> Vec<u8> {
+    let mut prefix = CHUNK_PREFIX.to_vec();
+    prefix.extend_from_slice(&generation.to_be_bytes());
+    prefix
+}
+
 fn file_path(files: &Path, generation: u64) -> PathBuf {
     files.join(format!("{generation}{FILE_SUFFIX}"))
 }
@@ -399,9 +407,7 @@ fn read_chunked(tree: &sled::Tree) -> Result<Option<StoredSnapshot>, StateStoreE
     let expected_bytes = record.len_bytes;
     // The length is read from disk: it sizes nothing until the chunks really add up to it.
     let mut data = Vec::new();
-    let mut prefix = CHUNK_PREFIX.to_vec();
-    prefix.extend_from_slice(&record.generation.to_be_bytes());
-    for chunk in tree.scan_prefix(prefix) {
+    for chunk in tree.scan_prefix(generation_prefix(record.generation)) {
         let (_, chunk) = chunk?;
         data.extend_from_slice(&chunk);
         if data.len() as u64 > expected_bytes {
@@ -568,10 +574,31 @@ mod tests {
 
     /// A chunk's key in the layout before.
     fn chunk_key(generation: u64, index: u64) -> Vec<u8> {
-        let mut key = CHUNK_PREFIX.to_vec();
-        key.extend_from_slice(&generation.to_be_bytes());
+        let mut key = generation_prefix(generation);
         key.extend_from_slice(&index.to_be_bytes());
         key
+    }
+
+    /// Stores the record of the layout before, naming generation `generation`'s chunks.
+    fn put_chunked_record(tree: &sled::Tree, meta: SnapshotMeta, generation: u64, len_bytes: u64) {
+        let record = CurrentRecord {
+            meta,
+            generation,
+            len_bytes,
+        };
+        tree.insert(CHUNKED_RECORD_KEY, codec::encode(&record).expect("encode"))
+            .expect("record");
+    }
+
+    /// Metadata of a snapshot up to log index `index`.
+    fn meta_at(index: u64, id: &str) -> SnapshotMeta {
+        SnapshotMeta {
+            last_log_id: Some(openraft::LogId::new(
+                openraft::CommittedLeaderId::new(1, 1),
+                index,
+            )),
+            ..meta(id)
+        }
     }
 
     #[test]
@@ -667,13 +694,7 @@ mod tests {
     fn a_snapshot_in_chunks_is_read_and_the_next_write_replaces_it() {
         let (_dir, db, tree) = open();
         let files = files_dir(&db);
-        let record = CurrentRecord {
-            meta: meta("chunked"),
-            generation: 4,
-            len_bytes: 7,
-        };
-        let record = codec::encode(&record).expect("encode");
-        tree.insert(CHUNKED_RECORD_KEY, record).expect("record");
+        put_chunked_record(&tree, meta("chunked"), 4, 7);
         tree.insert(chunk_key(4, 0), &b"chu"[..]).expect("chunk");
         tree.insert(chunk_key(4, 1), &b"nked"[..]).expect("chunk");
         tree.insert(chunk_key(3, 0), &b"old"[..]).expect("leftover");
@@ -714,28 +735,15 @@ mod tests {
     fn chunks_newer_than_the_file_are_read_and_replaced() {
         let (_dir, db, tree) = open();
         let files = files_dir(&db);
-        let at = |index: u64, id: &str| SnapshotMeta {
-            last_log_id: Some(openraft::LogId::new(
-                openraft::CommittedLeaderId::new(1, 1),
-                index,
-            )),
-            ..meta(id)
-        };
-        write(&tree, &db, &files, &at(10, "file"), b"file").expect("write");
-        write(&tree, &db, &files, &at(11, "file"), b"file").expect("write");
-        let record = CurrentRecord {
-            meta: at(20, "chunks"),
-            generation: 0,
-            len_bytes: 6,
-        };
-        tree.insert(CHUNKED_RECORD_KEY, codec::encode(&record).expect("encode"))
-            .expect("record");
+        write(&tree, &db, &files, &meta_at(10, "file"), b"file").expect("write");
+        write(&tree, &db, &files, &meta_at(11, "file"), b"file").expect("write");
+        put_chunked_record(&tree, meta_at(20, "chunks"), 0, 6);
         tree.insert(chunk_key(0, 0), &b"chunks"[..]).expect("chunk");
         let stored = current(&tree, &files);
         assert_eq!(stored.data, b"chunks");
-        assert!(!write(&tree, &db, &files, &at(15, "older"), b"older").expect("write"));
+        assert!(!write(&tree, &db, &files, &meta_at(15, "older"), b"older").expect("write"));
 
-        assert!(write(&tree, &db, &files, &at(30, "new"), b"new").expect("write"));
+        assert!(write(&tree, &db, &files, &meta_at(30, "new"), b"new").expect("write"));
         assert_eq!(file_names(&db), ["2.snapshot"], "past generation 1's file");
         assert_eq!(current(&tree, &files).data, b"new");
     }
@@ -780,14 +788,7 @@ mod tests {
     async fn an_older_snapshot_never_replaces_a_newer_stored_one() {
         let (_dir, db, _tree) = open();
         let (snapshots, _) = SnapshotStore::open(&db).expect("open");
-        let meta = |index: u64| SnapshotMeta {
-            last_log_id: Some(openraft::LogId::new(
-                openraft::CommittedLeaderId::new(1, 1),
-                index,
-            )),
-            last_membership: Default::default(),
-            snapshot_id: format!("1-1-{index}"),
-        };
+        let meta = |index: u64| meta_at(index, &format!("1-1-{index}"));
         let stored_index = || {
             snapshots
                 .current()

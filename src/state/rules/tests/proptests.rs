@@ -415,7 +415,7 @@ proptest! {
             }
         }
         drop(frozen);
-        state.thaw();
+        while !state.thaw_some(FleetState::THAW_STEP_ITEMS) {}
         let last_us = model.last_deadline_us();
         prop_assert_eq!(apply_batch(&mut state, &[], last_us), vec![]);
         prop_assert!(state.is_empty(), "stored {:?} at {}", state.len(), last_us);
