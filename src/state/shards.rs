@@ -502,12 +502,17 @@ mod tests {
     #[test]
     fn a_fold_in_steps_ends_while_the_map_keeps_changing() {
         let mut map: TestMap = Sharded::default();
+        let mut model = std::collections::BTreeMap::new();
+        let mut set = |map: &mut TestMap, key, value| {
+            map.insert(Arc::new(format!("k{key}")), value);
+            model.insert(key, value);
+        };
         for key in 0..1_000 {
-            map.insert(Arc::new(format!("k{key}")), key);
+            set(&mut map, key, key);
         }
         let frozen = map.freeze();
         for key in 0..1_000 {
-            map.insert(Arc::new(format!("k{key}")), key + 1);
+            set(&mut map, key, key + 1);
         }
         drop(frozen);
         let mut steps = 0;
@@ -515,15 +520,22 @@ mod tests {
         while !map.thaw_some(100) {
             steps += 1;
             assert!(steps <= 10, "the fold did not end");
-            // A busy map between steps: 200 keys touched, half of them new.
+            // A busy map between steps: 200 keys touched, half of them new, the other half
+            // still in the overlay with an older value that must not come back.
             for key in next - 100..next + 100 {
-                map.insert(Arc::new(format!("k{key}")), key);
+                set(&mut map, key, key);
             }
             next += 100;
         }
+        assert!(
+            steps > 0,
+            "the fold ended before any change came between its steps"
+        );
         assert!(map.overlay.is_none());
-        assert_eq!(map.get(&"k5".to_owned()), Some(&6));
-        assert_eq!(map.len(), next as usize);
+        assert_eq!(map.len(), model.len());
+        for (key, value) in &model {
+            assert_eq!(map.get(&format!("k{key}")), Some(value), "k{key}");
+        }
     }
 
     /// A step ends at the first shard that grows, so a step costs one growth at most.

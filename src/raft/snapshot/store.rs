@@ -356,16 +356,29 @@ fn read_named(
 }
 
 /// Opens `path` if it is a regular file. The open does not block (a FIFO put in its place
-/// would block a plain open until something writes to it) and the type is read from the
-/// opened file, so nothing can be swapped in between the check and the open.
+/// would block a plain open until something writes to it), does not make a terminal put
+/// there the node's controlling one, and the type is read from the opened file, so nothing
+/// can be swapped in between the check and the open. The read that follows blocks as
+/// usual: a network filesystem may answer a non-blocking read with `EAGAIN`.
 fn open_regular(path: &Path) -> io::Result<File> {
+    use std::os::fd::AsRawFd;
     use std::os::unix::fs::OpenOptionsExt;
     let file = OpenOptions::new()
         .read(true)
-        .custom_flags(libc::O_NONBLOCK)
+        .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
         .open(path)?;
     if !file.metadata()?.is_file() {
         return Err(io::Error::other("not a regular file"));
+    }
+    let fd = file.as_raw_fd();
+    // SAFETY: `fd` is the open descriptor `file` owns for the whole block; F_GETFL and
+    // F_SETFL read and set its status flags and touch no memory.
+    let cleared = unsafe {
+        let flags = libc::fcntl(fd, libc::F_GETFL);
+        flags >= 0 && libc::fcntl(fd, libc::F_SETFL, flags & !libc::O_NONBLOCK) == 0
+    };
+    if !cleared {
+        return Err(io::Error::last_os_error());
     }
     Ok(file)
 }
@@ -543,6 +556,20 @@ mod tests {
         (dir, db, tree)
     }
 
+    /// The non-blocking open is for the open alone: the file it hands back reads as usual.
+    #[test]
+    fn a_regular_file_is_opened_for_blocking_reads() {
+        use std::os::fd::AsRawFd;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("file");
+        fs::write(&path, b"bytes").expect("write");
+        let file = open_regular(&path).expect("open");
+        // SAFETY: `file` owns the descriptor for the call; F_GETFL touches no memory.
+        let flags = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_GETFL) };
+        assert!(flags >= 0, "fcntl: {}", io::Error::last_os_error());
+        assert_eq!(flags & libc::O_NONBLOCK, 0, "flags {flags:#x}");
+    }
+
     fn meta(id: &str) -> SnapshotMeta {
         SnapshotMeta {
             last_log_id: None,
@@ -652,8 +679,9 @@ mod tests {
         fs::remove_dir(&path).expect("remove");
         // A FIFO would block a plain open until something opened it to write. The read runs
         // on a thread of its own, so an open that blocks fails here instead of hanging the
-        // suite. (A FIFO swapped in between a check and an open, the race the open's own
-        // type check closes, is not staged.)
+        // suite. (This holds for a check of the path before the open too; a FIFO swapped in
+        // between such a check and a plain open, the race that checking the opened file
+        // closes, is not staged.)
         let fifo = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).expect("path");
         // SAFETY: `fifo` is a NUL-terminated path that outlives the call.
         let made = unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) };
