@@ -83,6 +83,18 @@ pub(super) async fn senders(plan: &BenchPlan) -> anyhow::Result<Vec<FleetSender>
             .with_context(|| format!("connecting to {addr}"))?
             .max_decoding_message_size(crate::limits::API_RESPONSE_BYTES_MAX);
         if !plan.stream {
+            // One call now, before the next caller connects: a node closes a source's
+            // connections past `API_UNPROVEN_PER_SOURCE_MAX` that have made no call yet,
+            // and 64 idle connections would lose their first hits to it.
+            let warm_up = HitId {
+                caller: usize::MAX,
+                seq: i as u64,
+                global_seq: 0,
+            };
+            unary
+                .hit(hit_request(plan, warm_up))
+                .await
+                .with_context(|| format!("a first hit on a connection to {addr}"))?;
             senders.push(FleetSender::Unary(unary));
             continue;
         }
