@@ -520,8 +520,9 @@ mod tests {
         while !map.thaw_some(100) {
             steps += 1;
             assert!(steps <= 10, "the fold did not end");
-            // A busy map between steps: 200 keys touched, half of them new, the other half
-            // still in the overlay with an older value that must not come back.
+            // A busy map between steps: 200 keys touched, half of them new. In the first
+            // round most of the other half are still in the overlay, with an older value
+            // that must not come back.
             for key in next - 100..next + 100 {
                 set(&mut map, key, key);
             }

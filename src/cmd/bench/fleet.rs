@@ -65,8 +65,8 @@ enum StreamError {
 pub(super) async fn senders(plan: &BenchPlan) -> anyhow::Result<Vec<FleetSender>> {
     let mut edge_clients = Vec::new();
     if plan.client {
-        for addr in &plan.api_addrs {
-            edge_clients.push(edge_client(plan, addr).await?);
+        for (node, addr) in plan.api_addrs.iter().enumerate() {
+            edge_clients.push(edge_client(plan, addr, node as u64).await?);
         }
     }
     let mut senders = Vec::with_capacity(plan.callers);
@@ -86,13 +86,8 @@ pub(super) async fn senders(plan: &BenchPlan) -> anyhow::Result<Vec<FleetSender>
             // One call now, before the next caller connects: a node closes a source's
             // connections past `API_UNPROVEN_PER_SOURCE_MAX` that have made no call yet,
             // and 64 idle connections would lose their first hits to it.
-            let warm_up = HitId {
-                caller: usize::MAX,
-                seq: i as u64,
-                global_seq: 0,
-            };
             unary
-                .hit(hit_request(plan, warm_up))
+                .hit(hit_request(plan, HitId::warm_up(i as u64)))
                 .await
                 .with_context(|| format!("a first hit on a connection to {addr}"))?;
             senders.push(FleetSender::Unary(unary));
@@ -111,17 +106,12 @@ pub(super) async fn senders(plan: &BenchPlan) -> anyhow::Result<Vec<FleetSender>
 
 /// The edge client of the node at `addr`, its hit stream opened by one hit before the
 /// clock starts (the client connects on its first call).
-async fn edge_client(plan: &BenchPlan, addr: &str) -> anyhow::Result<edge::Client> {
+async fn edge_client(plan: &BenchPlan, addr: &str, node: u64) -> anyhow::Result<edge::Client> {
     let client =
         edge::Client::connect(edge::Target::Tcp(addr.to_owned()), edge::Options::default())
             .with_context(|| format!("an edge client of {addr}"))?;
-    let warm_up = HitId {
-        caller: usize::MAX,
-        seq: 0,
-        global_seq: 0,
-    };
     client
-        .hit(edge_request(plan, warm_up))
+        .hit(edge_request(plan, HitId::warm_up(node)))
         .await
         .with_context(|| format!("a first hit through the edge client of {addr}"))?;
     Ok(client)

@@ -198,10 +198,28 @@ struct HitNames {
     hook_id: String,
 }
 
+impl HitId {
+    /// The `n`th hit made before the clock starts (to open a connection or a stream); its
+    /// caller is no measured caller's.
+    fn warm_up(n: u64) -> Self {
+        Self {
+            caller: usize::MAX,
+            seq: n,
+            global_seq: 0,
+        }
+    }
+}
+
 impl HitNames {
     fn new(plan: &BenchPlan, id: HitId) -> Self {
+        // Warm-ups charge a tenant of their own: the measured hits' buckets start untouched.
+        let tenant = if id.caller == usize::MAX {
+            "bench-warm-up".to_owned()
+        } else {
+            format!("tenant-{}", id.global_seq % plan.tenants.max(1))
+        };
         Self {
-            tenant: format!("tenant-{}", id.global_seq % plan.tenants.max(1)),
+            tenant,
             claim_key: format!("{}-{}-{}", id.caller, id.seq, std::process::id()),
             hook_id: format!("hook-{}-{}", id.caller, id.seq),
         }
