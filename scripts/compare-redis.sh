@@ -16,6 +16,8 @@
 #                 callers, each pipelining their requests (redis-rs MultiplexedConnection).
 # Beside them: one lone caller through a follower (unary Hit, and the client), one lone
 # Redis caller, and an open loop (`--rate`) at half of each system's best closed-loop rate.
+# And the plain pairing's floor: the same unary hits at SCOPE_NODE (`--node-scope`), each
+# node answering alone with no forward, log or replication, against Redis' plain point.
 #
 # Environment:
 #   DURATION_S          seconds per point (default 10)
@@ -411,6 +413,7 @@ warm_up fleet --addrs "$FLEET_ADDRS"
 IDLE_FLEET=$(idle_cpu "$NODE_PIDS")
 log "idle server CPU (s per s): fleet $IDLE_FLEET"
 point plain fleet "$NODE_PIDS" -- --addrs "$FLEET_ADDRS" --callers "$CALLERS"
+point plain-node fleet "$NODE_PIDS" -- --addrs "$FLEET_ADDRS" --callers "$CALLERS" --node-scope
 point lone-hit fleet "$NODE_PIDS" -- --addrs "$FOLLOWER_ADDR" --callers 1
 point lone-client fleet "$NODE_PIDS" -- --addrs "$FOLLOWER_ADDR" --callers 1 --client
 stop_fleet
@@ -456,8 +459,10 @@ def ratio(a, b):
     return a / b if a is not None and b else None
 
 pairings = []
-for name in ("plain", "best"):
-    f, r = by.get((name, "fleet")), by.get((name, "redis"))
+for name, fleet_point, redis_point in (("plain", "plain", "plain"),
+                                       ("plain-node", "plain-node", "plain"),
+                                       ("best", "best", "best")):
+    f, r = by.get((fleet_point, "fleet")), by.get((redis_point, "redis"))
     if not (f and r):
         continue
     pairings.append({
@@ -495,6 +500,7 @@ def ms(us):
 
 labels = {
     "plain": "plain: one connection per caller, unary `Hit` / one `EVALSHA` at a time per connection",
+    "plain-node": "plain's floor: the same at `SCOPE_NODE`, each node alone (no Raft) / Redis' plain",
     "best": f"best: one `Client` per node shared by its callers / {shared} shared pipelining connection(s)",
 }
 print()
