@@ -247,61 +247,16 @@ pub async fn start(config: NodeConfig, listeners: Listeners) -> Result<RunningNo
     warn_if_insecure(&config, peer_tls.is_some());
     // The limits file is checked before anything touches the data dir.
     let envoy_limits = Arc::new(envoy_limits(&config)?);
-    let Stores {
+    let Core {
+        raft,
+        node,
+        proposer,
         faults,
-        log_store,
-        log_bytes,
-        durable,
+        clock,
         disk,
-        state,
-        max_clock_offset,
-        clocks,
-        local_time,
-        local,
-    } = open_stores(&config)?;
-    let snapshot_state = state.clone();
-    let clock = ClockView::new(config.node_id, max_clock_offset);
-    let peers = PeerClients::new(&config.cluster_id, config.node_id, faults.clone())
-        .with_tls(peer_tls.as_ref().map(PeerTls::client))
-        .with_clock(clock.clone());
-    let network = DurableNetwork::new(peers.clone(), durable.clone())
-        .answering_commit_only(std::time::Duration::from_millis(config.heartbeat_ms));
-    let raft = Raft::new(
-        config.node_id,
-        Arc::new(raft_config(&config)?),
-        network,
-        log_store,
-        state.clone(),
-    )
-    .await?;
-    let router = Router::new(
-        config.node_id,
-        raft.clone(),
-        peers,
-        config.state_limits,
-        clock.clone(),
-        clocks.clone(),
-    );
-    let proposer = Proposer::start(Arc::new(router), batch_limits(&config), config.ceilings);
-    let node = Arc::new(Node::new(NodeParts {
-        id: config.node_id,
-        raft: raft.clone(),
-        state,
-        proposer: proposer.clone(),
-        local,
-        fallback: Fallback::open(
-            &config.data_dir,
-            &disk,
-            config.node_id,
-            config.fallback_budget,
-            local_time,
-        )?,
-        voters_max: config.voters_max,
-        durable,
-        planted_bug: config.planted_bug,
-        clock: clock.clone(),
-        clocks,
-    }));
+        log_bytes,
+        snapshot_state,
+    } = start_core(&config, peer_tls.as_ref()).await?;
     // After every store is open, before anything is served.
     settle_data_dir(&config.data_dir)?;
     let (stop, stopped) = watch::channel(false);
@@ -352,6 +307,90 @@ pub async fn start(config: NodeConfig, listeners: Listeners) -> Result<RunningNo
         health,
         disk,
         drain_timeout: config.drain_timeout,
+    })
+}
+
+/// What [`start_core`] started: Raft and the node around it, and what the servers and the
+/// node's tasks take of the stores.
+struct Core {
+    raft: Raft,
+    node: Arc<Node>,
+    proposer: Proposer,
+    faults: Faults,
+    clock: ClockView,
+    disk: SledDisk,
+    /// The log's size as it grows, for the snapshot policy.
+    log_bytes: LogBytes,
+    /// The state machine's handle the snapshot policy reads.
+    snapshot_state: StateMachineStore,
+}
+
+/// Opens the stores and starts Raft, the proposer and the node on them; serves nothing.
+async fn start_core(config: &NodeConfig, peer_tls: Option<&PeerTls>) -> Result<Core, StartError> {
+    let Stores {
+        faults,
+        log_store,
+        log_bytes,
+        durable,
+        disk,
+        state,
+        max_clock_offset,
+        clocks,
+        local_time,
+        local,
+    } = open_stores(config)?;
+    let snapshot_state = state.clone();
+    let clock = ClockView::new(config.node_id, max_clock_offset);
+    let peers = PeerClients::new(&config.cluster_id, config.node_id, faults.clone())
+        .with_tls(peer_tls.map(PeerTls::client))
+        .with_clock(clock.clone());
+    let network = DurableNetwork::new(peers.clone(), durable.clone())
+        .answering_commit_only(std::time::Duration::from_millis(config.heartbeat_ms));
+    let raft = Raft::new(
+        config.node_id,
+        Arc::new(raft_config(config)?),
+        network,
+        log_store,
+        state.clone(),
+    )
+    .await?;
+    let router = Router::new(
+        config.node_id,
+        raft.clone(),
+        peers,
+        config.state_limits,
+        clock.clone(),
+        clocks.clone(),
+    );
+    let proposer = Proposer::start(Arc::new(router), batch_limits(config), config.ceilings);
+    let node = Arc::new(Node::new(NodeParts {
+        id: config.node_id,
+        raft: raft.clone(),
+        state,
+        proposer: proposer.clone(),
+        local,
+        fallback: Fallback::open(
+            &config.data_dir,
+            &disk,
+            config.node_id,
+            config.fallback_budget,
+            local_time,
+        )?,
+        voters_max: config.voters_max,
+        durable,
+        planted_bug: config.planted_bug,
+        clock: clock.clone(),
+        clocks,
+    }));
+    Ok(Core {
+        raft,
+        node,
+        proposer,
+        faults,
+        clock,
+        disk,
+        log_bytes,
+        snapshot_state,
     })
 }
 
