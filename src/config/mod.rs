@@ -375,19 +375,11 @@ impl NodeConfig {
         let ceilings = ceilings(&file)?;
         let state_limits = state_limits(&file)?;
         within_ttl_ms_max(claim_ttl_ms_default, &ceilings)?;
-        let voters_max = file.voters_max.unwrap_or(Defaults::VOTERS_MAX);
-        if voters_max == 0 {
-            return Err(invalid("voters_max", "must be at least 1"));
-        }
-        let cluster_id = file
-            .cluster_id
-            .as_deref()
-            .unwrap_or(Defaults::CLUSTER_ID)
-            .to_owned();
-        crate::identity::check_cluster_id(&cluster_id)
-            .map_err(|reason| invalid("cluster_id", &reason))?;
+        let voters_max = voters_max(&file)?;
+        let cluster_id = cluster_id(&file)?;
         let max_clock_offset_ms = max_clock_offset_ms(&file)?;
         let batch_commands_max = batch_commands_max(&file)?;
+        let tuning = Tuning::of(&file)?;
         Ok(NodeConfig {
             node_id: file.node_id,
             api_addr,
@@ -403,43 +395,13 @@ impl NodeConfig {
             election_timeout_ms_max: timing.election_timeout_ms_max,
             max_clock_offset_ms,
             batch_commands_max,
-            queue_depth_max: positive(
-                "queue_depth_max",
-                file.queue_depth_max,
-                Defaults::QUEUE_DEPTH_MAX,
-            )?,
-            forwards_in_flight_max: positive(
-                "forwards_in_flight_max",
-                file.forwards_in_flight_max,
-                Defaults::FORWARDS_IN_FLIGHT_MAX,
-            )?,
-            proposals_in_flight_max: positive(
-                "proposals_in_flight_max",
-                file.proposals_in_flight_max,
-                Defaults::PROPOSALS_IN_FLIGHT_MAX,
-            )?,
-            // A batch that waits longer only adds latency.
-            batch_linger_us: at_most(
-                "batch_linger_us",
-                file.batch_linger_us,
-                Defaults::BATCH_LINGER_US,
-                BATCH_LINGER_US_MAX,
-                "0 turns it off",
-            )?,
-            snapshot_logs_since_last: file
-                .snapshot_logs_since_last
-                .unwrap_or(Defaults::SNAPSHOT_LOGS_SINCE_LAST)
-                .max(1),
-            snapshot_log_percent: at_most(
-                "snapshot_log_percent",
-                file.snapshot_log_percent,
-                Defaults::SNAPSHOT_LOG_PERCENT,
-                SNAPSHOT_LOG_PERCENT_MAX,
-                "0: entries alone decide",
-            )?,
-            snapshot_logs_kept: file
-                .snapshot_logs_kept
-                .unwrap_or(Defaults::SNAPSHOT_LOGS_KEPT),
+            queue_depth_max: tuning.queue_depth_max,
+            forwards_in_flight_max: tuning.forwards_in_flight_max,
+            proposals_in_flight_max: tuning.proposals_in_flight_max,
+            batch_linger_us: tuning.batch_linger_us,
+            snapshot_logs_since_last: tuning.snapshot_logs_since_last,
+            snapshot_log_percent: tuning.snapshot_log_percent,
+            snapshot_logs_kept: tuning.snapshot_logs_kept,
             fallback_budget: file.fallback_budget.unwrap_or_default(),
             fault_injection: file.fault_injection,
             planted_bug: planted(file.planted_bug, file.fault_injection)?,
@@ -497,6 +459,80 @@ fn drain_timeout(file: &ConfigFile) -> Result<Duration, ConfigError> {
         ));
     }
     Ok(Duration::from_millis(drain_timeout_ms))
+}
+
+fn voters_max(file: &ConfigFile) -> Result<usize, ConfigError> {
+    let voters_max = file.voters_max.unwrap_or(Defaults::VOTERS_MAX);
+    if voters_max == 0 {
+        return Err(invalid("voters_max", "must be at least 1"));
+    }
+    Ok(voters_max)
+}
+
+fn cluster_id(file: &ConfigFile) -> Result<String, ConfigError> {
+    let cluster_id = file
+        .cluster_id
+        .as_deref()
+        .unwrap_or(Defaults::CLUSTER_ID)
+        .to_owned();
+    crate::identity::check_cluster_id(&cluster_id)
+        .map_err(|reason| invalid("cluster_id", &reason))?;
+    Ok(cluster_id)
+}
+
+/// The batching and snapshot settings, checked, with their defaults filled.
+struct Tuning {
+    queue_depth_max: usize,
+    forwards_in_flight_max: usize,
+    proposals_in_flight_max: usize,
+    batch_linger_us: u64,
+    snapshot_logs_since_last: u64,
+    snapshot_log_percent: u64,
+    snapshot_logs_kept: u64,
+}
+
+impl Tuning {
+    fn of(file: &ConfigFile) -> Result<Self, ConfigError> {
+        Ok(Self {
+            queue_depth_max: positive(
+                "queue_depth_max",
+                file.queue_depth_max,
+                Defaults::QUEUE_DEPTH_MAX,
+            )?,
+            forwards_in_flight_max: positive(
+                "forwards_in_flight_max",
+                file.forwards_in_flight_max,
+                Defaults::FORWARDS_IN_FLIGHT_MAX,
+            )?,
+            proposals_in_flight_max: positive(
+                "proposals_in_flight_max",
+                file.proposals_in_flight_max,
+                Defaults::PROPOSALS_IN_FLIGHT_MAX,
+            )?,
+            // A batch that waits longer only adds latency.
+            batch_linger_us: at_most(
+                "batch_linger_us",
+                file.batch_linger_us,
+                Defaults::BATCH_LINGER_US,
+                BATCH_LINGER_US_MAX,
+                "0 turns it off",
+            )?,
+            snapshot_logs_since_last: file
+                .snapshot_logs_since_last
+                .unwrap_or(Defaults::SNAPSHOT_LOGS_SINCE_LAST)
+                .max(1),
+            snapshot_log_percent: at_most(
+                "snapshot_log_percent",
+                file.snapshot_log_percent,
+                Defaults::SNAPSHOT_LOG_PERCENT,
+                SNAPSHOT_LOG_PERCENT_MAX,
+                "0: entries alone decide",
+            )?,
+            snapshot_logs_kept: file
+                .snapshot_logs_kept
+                .unwrap_or(Defaults::SNAPSHOT_LOGS_KEPT),
+        })
+    }
 }
 
 /// The Raft timers: a heartbeat shorter than the shortest election timeout (or followers
