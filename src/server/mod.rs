@@ -247,16 +247,8 @@ pub async fn start(config: NodeConfig, listeners: Listeners) -> Result<RunningNo
     warn_if_insecure(&config, peer_tls.is_some());
     // The limits file is checked before anything touches the data dir.
     let envoy_limits = Arc::new(envoy_limits(&config)?);
-    let Core {
-        raft,
-        node,
-        proposer,
-        faults,
-        clock,
-        disk,
-        log_bytes,
-        snapshot_state,
-    } = start_core(&config, peer_tls.as_ref()).await?;
+    let core = start_core(&config, peer_tls.as_ref()).await?;
+    let (raft, node) = (core.raft, core.node);
     // After every store is open, before anything is served.
     settle_data_dir(&config.data_dir)?;
     let (stop, stopped) = watch::channel(false);
@@ -266,9 +258,9 @@ pub async fn start(config: NodeConfig, listeners: Listeners) -> Result<RunningNo
         config: &config,
         raft: &raft,
         node: &node,
-        proposer,
-        faults,
-        clock: &clock,
+        proposer: core.proposer,
+        faults: core.faults,
+        clock: &core.clock,
         peer_tls: peer_tls.as_ref(),
         api_tls: api_tls.as_ref(),
         envoy_limits,
@@ -276,7 +268,13 @@ pub async fn start(config: NodeConfig, listeners: Listeners) -> Result<RunningNo
     };
     let (mut servers, health) = spawn_servers(served, listeners, &stopped).await?;
     servers.extend([
-        spawn_snapshot_policy(&raft, &config, log_bytes, snapshot_state, stopped.clone()),
+        spawn_snapshot_policy(
+            &raft,
+            &config,
+            core.log_bytes,
+            core.snapshot_state,
+            stopped.clone(),
+        ),
         tokio::spawn(follow_raft(
             raft.clone(),
             config.node_id,
@@ -289,7 +287,7 @@ pub async fn start(config: NodeConfig, listeners: Listeners) -> Result<RunningNo
         )),
         tokio::spawn(clock_view::watch(
             raft.clone(),
-            clock,
+            core.clock,
             // Often enough that a skewed leader stands down within an election timeout.
             Duration::from_millis(config.heartbeat_ms.max(10)),
             stopped.clone(),
@@ -305,7 +303,7 @@ pub async fn start(config: NodeConfig, listeners: Listeners) -> Result<RunningNo
         servers,
         gate,
         health,
-        disk,
+        disk: core.disk,
         drain_timeout: config.drain_timeout,
     })
 }
