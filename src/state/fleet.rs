@@ -492,9 +492,9 @@ impl FleetState {
     pub const THAW_STEP_ITEMS: usize = 1_024;
 
     /// Folds what changed since [`FleetState::freeze`] back into the maps, up to `budget`
-    /// items a map, once the frozen copy is dropped (before, nothing); true once it is done. Between steps the state
-    /// answers and changes as usual, and a change folds its own key first, so the fold ends
-    /// whatever the changes between steps.
+    /// items a map, once the frozen copy is dropped (before, nothing); true once it is
+    /// done. Between steps the state answers and changes as usual, and a change folds its
+    /// own key first, so the fold ends whatever the changes between steps.
     pub fn thaw_some(&mut self, budget: usize) -> bool {
         let buckets = self.buckets.thaw_some(budget);
         let claims = self.claims.thaw_some(budget);
@@ -596,8 +596,9 @@ fn store<K: Hash + Eq + Clone, V: Clone>(
 }
 
 /// Handles one expiry entry taken from the queue, `(deadline, hash, key)`: drops the item
-/// if it expired by `clock_us`, re-queues it at its current deadline if it was extended, and ignores the
-/// entry if it is stale (the item is gone or another entry is responsible for it).
+/// if it expired by `clock_us`, re-queues it at its current deadline if it was extended,
+/// and ignores the entry if it is stale (the item is gone or another entry is responsible
+/// for it).
 /// Returns whether it dropped the item.
 fn sweep_one<K: Hash + Eq, V: Clone>(
     map: &mut Sharded<Arc<K>, Slot<V>>,

@@ -149,10 +149,7 @@ impl<K: Hash + Eq + Clone, V: Clone> Sharded<K, V> {
         Q: Eq + ?Sized,
     {
         let shard = shard_of(hash);
-        let frozen = self.frozen();
-        if !frozen {
-            self.settle(hash, key);
-        }
+        let frozen = self.before_change(hash, key);
         let item = match &mut self.overlay {
             Some(overlay) if frozen => {
                 if overlay.find(hash, holds(hash, key)).is_none() {
@@ -182,10 +179,7 @@ impl<K: Hash + Eq + Clone, V: Clone> Sharded<K, V> {
     /// [`Sharded::insert`] with `hash` from [`Sharded::hash_of`].
     pub(super) fn insert_hashed(&mut self, hash: u64, key: K, value: V) -> bool {
         let shard = shard_of(hash);
-        let frozen = self.frozen();
-        if !frozen {
-            self.settle(hash, &key);
-        }
+        let frozen = self.before_change(hash, &key);
         let is_new = match &mut self.overlay {
             Some(overlay) if frozen => match overlay.find_mut(hash, holds(hash, &key)) {
                 Some(changed) => changed.value.replace(value).is_none(),
@@ -232,10 +226,7 @@ impl<K: Hash + Eq + Clone, V: Clone> Sharded<K, V> {
         Q: Eq + ?Sized,
     {
         let shard = shard_of(hash);
-        let frozen = self.frozen();
-        if !frozen {
-            self.settle(hash, key);
-        }
+        let frozen = self.before_change(hash, key);
         let removed = match &mut self.overlay {
             Some(overlay) if frozen => match overlay.find_mut(hash, holds(hash, key)) {
                 Some(changed) => changed.value.take().is_some(),
@@ -332,6 +323,20 @@ impl<K: Hash + Eq + Clone, V: Clone> Sharded<K, V> {
     /// a key settled into the shards must not then be changed in the overlay.
     fn frozen(&self) -> bool {
         self.overlay.is_some() && Arc::strong_count(&self.base) > 1
+    }
+
+    /// Whether a change to `key` goes to the overlay ([`Sharded::frozen`], read once); when
+    /// it does not, `key`'s overlay item is settled into the shards first.
+    fn before_change<Q>(&mut self, hash: u64, key: &Q) -> bool
+    where
+        K: Borrow<Q>,
+        Q: Eq + ?Sized,
+    {
+        let frozen = self.frozen();
+        if !frozen {
+            self.settle(hash, key);
+        }
+        frozen
     }
 
     /// Moves `key`'s overlay item, if there is one, into the shards (unfrozen maps only).
